@@ -1,0 +1,186 @@
+"""The typed, validated spec that every stage and every framework reads from params.yaml.
+
+Bad input becomes one line naming the field, the value and what is allowed (SpecError), never a traceback.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+Architecture = Literal["mlp", "cnn", "attention"]
+Framework = Literal["torch", "tf", "jax"]
+PositiveInt = Annotated[int, Field(gt=0)]
+PositiveFloat = Annotated[float, Field(gt=0)]
+Probability = Annotated[float, Field(gt=0, lt=1)]
+
+
+class SpecError(ValueError):
+    """A params.yaml problem, phrased as one line for the user."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DataSpec(_Section):
+    source: Literal["digits", "idx"] = "digits"
+    # Folder holding MNIST-format IDX files (train-images-idx3-ubyte, ... optionally .gz); relative to the repo.
+    idx_dir: str | None = None
+    test_fraction: Probability = 0.2
+    # Images are scaled to [0, 1] by this value (digits: 16, MNIST: 255); None picks the source's own.
+    max_pixel: PositiveFloat | None = None
+
+    @model_validator(mode="after")
+    def _idx_needs_dir(self) -> DataSpec:
+        if self.source == "idx" and not self.idx_dir:
+            raise ValueError("data.idx_dir = None: required when data.source is 'idx' (a folder of IDX files)")
+        return self
+
+
+class MLPSpec(_Section):
+    hidden: PositiveInt = 256
+
+
+class CNNSpec(_Section):
+    conv1_filters: PositiveInt = 32
+    conv2_filters: PositiveInt = 64
+
+
+class AttentionSpec(_Section):
+    embed_dim: PositiveInt = 512
+    num_heads: PositiveInt = 8
+    mlp_dim: PositiveInt = 512
+    layer_norm_eps: PositiveFloat = 1e-5
+
+    @model_validator(mode="after")
+    def _heads_divide_embed(self) -> AttentionSpec:
+        if self.embed_dim % self.num_heads:
+            raise ValueError(
+                f"architecture.attention.num_heads = {self.num_heads}: must divide embed_dim ({self.embed_dim})"
+            )
+        return self
+
+    @property
+    def head_dim(self) -> int:
+        return self.embed_dim // self.num_heads
+
+
+class ArchitectureSpec(_Section):
+    mlp: MLPSpec = MLPSpec()
+    cnn: CNNSpec = CNNSpec()
+    attention: AttentionSpec = AttentionSpec()
+
+
+class AdamSpec(_Section):
+    learning_rate: PositiveFloat = 1e-3
+    beta1: Probability = 0.9
+    beta2: Probability = 0.999
+    # Added to sqrt(v_hat) after bias correction, as torch and optax do (Keras' own Adam differs; see optim.py).
+    epsilon: PositiveFloat = 1e-8
+
+
+class SGDSpec(_Section):
+    learning_rate: PositiveFloat = 0.05
+    momentum: Annotated[float, Field(ge=0, lt=1)] = 0.9
+
+
+class OptimizersSpec(_Section):
+    adam: AdamSpec = AdamSpec()
+    sgd: SGDSpec = SGDSpec()
+
+
+class TrainSpec(_Section):
+    epochs: PositiveInt = 10
+    batch_size: PositiveInt = 32
+    optimizer: Literal["adam", "sgd"] = "adam"
+
+
+class QualitySpec(_Section):
+    # Minimum test accuracy per architecture; the validate stage fails below it.
+    min_test_accuracy: dict[Architecture, Annotated[float, Field(ge=0, le=1)]] = {
+        "mlp": 0.95, "cnn": 0.95, "attention": 0.93,
+    }
+
+
+class ExportSpec(_Section):
+    validation_batch_size: PositiveInt = 64
+    # Batch sizes at which the three init.onnx files are compared on random inputs.
+    parity_batch_sizes: list[PositiveInt] = [1, 7, 64, 1024]
+
+
+class TolerancesSpec(_Section):
+    onnx_vs_native_abs: PositiveFloat = 1e-5
+    native_roundtrip_abs: PositiveFloat = 1e-6
+    forward_parity_abs: PositiveFloat = 1e-5
+    step1_loss_rel: PositiveFloat = 1e-6
+    first_epoch_loss_rel: PositiveFloat = 1e-5
+    test_loss_rel: PositiveFloat = 1e-3
+    test_accuracy_points: PositiveFloat = 0.6
+
+
+class Spec(_Section):
+    seed: Annotated[int, Field(ge=0)] = 0
+    frameworks: list[Framework] = ["torch", "tf", "jax"]
+    models: list[Architecture] = ["mlp", "cnn", "attention"]
+    data: DataSpec = DataSpec()
+    architecture: ArchitectureSpec = ArchitectureSpec()
+    train: TrainSpec = TrainSpec()
+    optimizers: OptimizersSpec = OptimizersSpec()
+    quality: QualitySpec = QualitySpec()
+    export: ExportSpec = ExportSpec()
+    tolerances: TolerancesSpec = TolerancesSpec()
+
+    @model_validator(mode="after")
+    def _non_empty(self) -> Spec:
+        for name in ("frameworks", "models"):
+            values = getattr(self, name)
+            if not values:
+                raise ValueError(f"{name} = []: list at least one of {', '.join(_ALLOWED[name])}")
+            if len(set(values)) != len(values):
+                raise ValueError(f"{name} = {values}: each entry may appear once")
+        return self
+
+    @property
+    def optimizer(self) -> AdamSpec | SGDSpec:
+        return getattr(self.optimizers, self.train.optimizer)
+
+
+_ALLOWED = {"frameworks": ("torch", "tf", "jax"), "models": ("mlp", "cnn", "attention")}
+
+
+def _one_line(error: ValidationError, source: str) -> str:
+    first = error.errors()[0]
+    field = ".".join(str(p) for p in first["loc"]) or "(top level)"
+    message = first["msg"].removeprefix("Value error, ")
+    if first["type"] == "value_error" and "=" in message.split(":")[0]:
+        return f"{source}: {message}"  # our own validators already name field and value
+    value = first.get("input")
+    if first["type"] == "extra_forbidden":
+        return f"{source}: {field} = {value!r}: unknown field (check the spelling against params.yaml's documented keys)"
+    return f"{source}: {field} = {value!r}: {message}"
+
+
+def parse_spec(raw: Any, source: str = "params.yaml") -> Spec:
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise SpecError(f"{source}: top level = {type(raw).__name__}: must be a mapping of sections")
+    try:
+        return Spec.model_validate(raw)
+    except ValidationError as error:
+        raise SpecError(_one_line(error, source)) from None
+
+
+def load_spec(path: str | Path = "params.yaml") -> Spec:
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise SpecError(f"{path}: file not found") from None
+    except yaml.YAMLError as error:
+        raise SpecError(f"{path}: not valid YAML ({str(error).splitlines()[0]})") from None
+    return parse_spec(raw, str(path))

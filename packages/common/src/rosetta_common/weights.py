@@ -1,0 +1,153 @@
+"""The canonical weight format: one set of names, shapes and layouts that every framework reads and writes.
+
+Convention (rosetta-canonical-v1), stated once here and mapped to each framework's own layout in that
+framework's package (`rosetta_<fw>/weights.py`):
+- dense kernels are (in, out), as Keras and Flax keep them (torch's Linear.weight is the transpose);
+- conv kernels are HWIO (height, width, in channels, out channels), as Keras and Flax keep them;
+- the flatten before the CNN's head is in (height, width, channels) order, i.e. NHWC row-major;
+  torch flattens NCHW as (channels, height, width), so its head rows are permuted when mapped;
+- an attention image row is one token; query/key/value/out kernels are (embed, embed) and head h uses
+  columns h*head_dim:(h+1)*head_dim;
+- LayerNorm parameters are `scale` and `bias`.
+Files are safetensors (no pickle), float32, with the architecture and the layout in the metadata.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+from safetensors.numpy import load_file, save_file
+from safetensors import safe_open
+
+from rosetta_common.io import atomic_path
+from rosetta_common.seeding import derive_seed
+from rosetta_common.spec import Spec
+
+LAYOUT = "rosetta-canonical-v1"
+Weights = dict[str, np.ndarray]
+
+
+def canonical_shapes(arch: str, spec: Spec, image_shape: tuple[int, int], num_classes: int) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of every parameter of `arch`, in canonical layout and in a fixed order."""
+    height, width = image_shape
+    if arch == "mlp":
+        hidden = spec.architecture.mlp.hidden
+        return {
+            "hidden.kernel": (height * width, hidden),
+            "hidden.bias": (hidden,),
+            "head.kernel": (hidden, num_classes),
+            "head.bias": (num_classes,),
+        }
+    if arch == "cnn":
+        c1, c2 = spec.architecture.cnn.conv1_filters, spec.architecture.cnn.conv2_filters
+        pooled = (height // 2) * (width // 2)
+        return {
+            "conv1.kernel": (3, 3, 1, c1),
+            "conv1.bias": (c1,),
+            "conv2.kernel": (3, 3, c1, c2),
+            "conv2.bias": (c2,),
+            "head.kernel": (pooled * c2, num_classes),
+            "head.bias": (num_classes,),
+        }
+    if arch == "attention":
+        a = spec.architecture.attention
+        e, m = a.embed_dim, a.mlp_dim
+        return {
+            "embed.kernel": (width, e),
+            "embed.bias": (e,),
+            "pos_embedding": (height, e),
+            "block.norm1.scale": (e,),
+            "block.norm1.bias": (e,),
+            "block.attn.query.kernel": (e, e),
+            "block.attn.key.kernel": (e, e),
+            "block.attn.value.kernel": (e, e),
+            "block.attn.out.kernel": (e, e),
+            "block.attn.out.bias": (e,),
+            "block.norm2.scale": (e,),
+            "block.norm2.bias": (e,),
+            "block.mlp.fc1.kernel": (e, m),
+            "block.mlp.fc1.bias": (m,),
+            "block.mlp.fc2.kernel": (m, e),
+            "block.mlp.fc2.bias": (e,),
+            "final_norm.scale": (e,),
+            "final_norm.bias": (e,),
+            "head.kernel": (e, num_classes),
+            "head.bias": (num_classes,),
+        }
+    raise ValueError(f"architecture {arch!r} is unknown; allowed: mlp, cnn, attention")
+
+
+def _glorot_limit(shape: tuple[int, ...]) -> float:
+    receptive = math.prod(shape[:-2]) if len(shape) > 2 else 1
+    fan_in, fan_out = shape[-2] * receptive, shape[-1] * receptive
+    return math.sqrt(6.0 / (fan_in + fan_out))
+
+
+def init_weights(arch: str, spec: Spec, image_shape: tuple[int, int], num_classes: int, seed: int) -> Weights:
+    """Deterministic initial weights: Glorot-uniform kernels, zero biases, unit norm scales,
+    N(0, 0.02) positional embeddings. Each tensor draws from its own sub-seed, so adding a parameter
+    never changes the others."""
+    weights: Weights = {}
+    for name, shape in canonical_shapes(arch, spec, image_shape, num_classes).items():
+        rng = np.random.default_rng(derive_seed(seed, "init", arch, name))
+        if name.endswith(".kernel"):
+            limit = _glorot_limit(shape)
+            value = rng.uniform(-limit, limit, size=shape)
+        elif name.endswith(".scale"):
+            value = np.ones(shape)
+        elif name == "pos_embedding":
+            value = rng.normal(0.0, 0.02, size=shape)
+        else:
+            value = np.zeros(shape)
+        weights[name] = value.astype(np.float32)
+    return weights
+
+
+def random_weights(shapes: Mapping[str, tuple[int, ...]], seed: int) -> Weights:
+    """Deliberately asymmetric weights for tests: every tensor (biases and norm scales included) random
+    and non-symmetric, so a wrong transpose, name or permutation cannot cancel out."""
+    rng = np.random.default_rng(seed)
+    out: Weights = {}
+    for name, shape in shapes.items():
+        scale = 1.0 / math.sqrt(shape[-2] * (math.prod(shape[:-2]) if len(shape) > 2 else 1)) if len(shape) > 1 else 0.2
+        value = rng.normal(0.0, scale, size=shape)
+        if name.endswith(".scale"):
+            value = 1.0 + value
+        out[name] = value.astype(np.float32)
+    return out
+
+
+def check_weights(weights: Mapping[str, np.ndarray], shapes: Mapping[str, tuple[int, ...]], source: str = "weights") -> None:
+    missing, extra = set(shapes) - set(weights), set(weights) - set(shapes)
+    if missing or extra:
+        raise ValueError(f"{source}: names differ from the canonical ones (missing {sorted(missing)}, unexpected {sorted(extra)})")
+    for name, shape in shapes.items():
+        if tuple(weights[name].shape) != tuple(shape):
+            raise ValueError(f"{source}: {name} has shape {tuple(weights[name].shape)}, canonical is {tuple(shape)}")
+
+
+def count_parameters(weights: Mapping[str, np.ndarray]) -> int:
+    return int(sum(v.size for v in weights.values()))
+
+
+def save_weights(path: str | Path, weights: Mapping[str, np.ndarray], arch: str, **metadata: str) -> None:
+    tensors = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in weights.items()}
+    with atomic_path(path) as tmp:
+        save_file(tensors, str(tmp), metadata={"architecture": arch, "layout": LAYOUT, **metadata})
+
+
+def load_weights(path: str | Path) -> Weights:
+    path = Path(path)
+    with safe_open(str(path), framework="numpy") as f:
+        layout = (f.metadata() or {}).get("layout")
+    if layout != LAYOUT:
+        raise ValueError(f"{path}: layout {layout!r} is not {LAYOUT!r}")
+    return dict(load_file(str(path)))
+
+
+def read_metadata(path: str | Path) -> dict[str, str]:
+    with safe_open(str(path), framework="numpy") as f:
+        return dict(f.metadata() or {})

@@ -1,0 +1,64 @@
+"""Write every environment's lock files: one CPU and one CUDA lock per environment, exact and hash-pinned.
+
+    python -m pipelines.lock                 # all environments, both variants
+    python -m pipelines.lock torch --variant cpu
+
+Each environment is resolved on its own (its package's pyproject plus common's), never together with
+another framework: that is what keeps the three dependency sets from colliding.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from pipelines.runner import ENVIRONMENTS, REPO_ROOT, VARIANTS, find_links, lock_path
+
+PYTHON_VERSION = "3.11"
+PLATFORM = "x86_64-manylinux_2_28"
+
+
+def compile_lock(env: str, variant: str) -> Path:
+    """Resolve one environment with uv and write its lock; returns the lock's path."""
+    package = ENVIRONMENTS[env]
+    out = lock_path(env, variant)
+    cmd = [
+        sys.executable, "-m", "uv", "pip", "compile",
+        str(REPO_ROOT / package / "pyproject.toml"),
+        str(REPO_ROOT / "packages/common/pyproject.toml"),
+        "--extra", variant,
+        "--generate-hashes",
+        "--python-version", PYTHON_VERSION,
+        "--python-platform", PLATFORM,
+        "--no-header", "--no-annotate", "--quiet",
+        "-o", str(out),
+    ]
+    links = find_links()
+    if variant == "cpu" and links:
+        # The CPU build of torch ("+cpu") lives on PyTorch's CPU index or a local wheel folder.
+        cmd += ["--find-links", links]
+    if env == "torch" and variant == "cpu" and not links:
+        cmd += ["--extra-index-url", "https://download.pytorch.org/whl/cpu", "--index-strategy", "unsafe-best-match"]
+    subprocess.run(cmd, check=True, cwd=REPO_ROOT, env={**os.environ, "UV_NO_CONFIG": "1"})
+    # uv writes the find-links location it used into the lock; keep locks free of machine paths.
+    text = "\n".join(line for line in out.read_text().splitlines() if not line.startswith("--find-links"))
+    out.write_text(text.rstrip() + "\n")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("envs", nargs="*", default=list(ENVIRONMENTS), choices=list(ENVIRONMENTS))
+    parser.add_argument("--variant", choices=VARIANTS, action="append")
+    args = parser.parse_args(argv)
+    for env in args.envs:
+        for variant in args.variant or VARIANTS:
+            print(f"lock {env} ({variant}) -> {compile_lock(env, variant).relative_to(REPO_ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
