@@ -26,15 +26,25 @@ def compile_lock(env: str, variant: str) -> Path:
     package = ENVIRONMENTS[env]
     out = lock_path(env, variant)
     cmd = [
-        sys.executable, "-m", "uv", "pip", "compile",
+        sys.executable,
+        "-m",
+        "uv",
+        "pip",
+        "compile",
         str(REPO_ROOT / package / "pyproject.toml"),
         str(REPO_ROOT / "packages/common/pyproject.toml"),
-        "--extra", variant,
+        "--extra",
+        variant,
         "--generate-hashes",
-        "--python-version", PYTHON_VERSION,
-        "--python-platform", PLATFORM,
-        "--no-header", "--no-annotate", "--quiet",
-        "-o", str(out),
+        "--python-version",
+        PYTHON_VERSION,
+        "--python-platform",
+        PLATFORM,
+        "--no-header",
+        "--no-annotate",
+        "--quiet",
+        "-o",
+        str(out),
     ]
     links = find_links()
     if variant == "cpu" and links:
@@ -51,10 +61,10 @@ def compile_lock(env: str, variant: str) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("envs", nargs="*", default=list(ENVIRONMENTS), choices=list(ENVIRONMENTS))
+    parser.add_argument("envs", nargs="*", choices=[*ENVIRONMENTS, []], metavar="ENV")
     parser.add_argument("--variant", choices=VARIANTS, action="append")
     args = parser.parse_args(argv)
-    for env in args.envs:
+    for env in args.envs or list(ENVIRONMENTS):
         for variant in args.variant or VARIANTS:
             print(f"lock {env} ({variant}) -> {compile_lock(env, variant).relative_to(REPO_ROOT)}")
     return 0

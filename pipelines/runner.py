@@ -55,7 +55,9 @@ def find_links() -> str | None:
             return os.environ[var]
     out = subprocess.run(
         [sys.executable, "-m", "pip", "config", "get", "global.find-links"],
-        capture_output=True, text=True, check=False,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     value = out.stdout.strip()
     return value.split()[0] if out.returncode == 0 and value else None
@@ -71,7 +73,9 @@ def _choice(var: str, allowed: tuple[str, ...]) -> str:
 def lock_digest(env: str, variant: str) -> str:
     lock = lock_path(env, variant)
     if not lock.is_file():
-        raise SystemExit(f"error: lock file {lock.relative_to(REPO_ROOT)} is missing; run python -m pipelines.lock {env}")
+        raise SystemExit(
+            f"error: lock file {lock.relative_to(REPO_ROOT)} is missing; run python -m pipelines.lock {env}"
+        )
     digest = hashlib.sha256(lock.read_bytes())
     digest.update(f"python{sys.version_info.major}.{sys.version_info.minor}".encode())
     return digest.hexdigest()
@@ -150,8 +154,15 @@ def run(env: str, command: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--setup"]:
+        # Build (or confirm) environments up front, e.g. before a first `dvc repro`.
+        variant = _choice("ROSETTA_VARIANT", VARIANTS)
+        for env in argv[1:] or list(ENVIRONMENTS):
+            print(f"[rosetta] environment {env}-{variant}: {ensure_env(env, variant)}", file=sys.stderr)
+        return 0
     parser = argparse.ArgumentParser(description="Run a command inside one of Rosetta's environments.")
-    parser.add_argument("env", help=f"one of {', '.join(ENVIRONMENTS)}")
+    parser.add_argument("env", help=f"one of {', '.join(ENVIRONMENTS)}, or --setup [ENV...]")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command")
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command

@@ -25,8 +25,14 @@ IDX_FILES = {
     "test_images": "t10k-images-idx3-ubyte",
     "test_labels": "t10k-labels-idx1-ubyte",
 }
-_IDX_DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: np.dtype(">i2"), 0x0C: np.dtype(">i4"),
-               0x0D: np.dtype(">f4"), 0x0E: np.dtype(">f8")}
+_IDX_DTYPES = {
+    0x08: np.uint8,
+    0x09: np.int8,
+    0x0B: np.dtype(">i2"),
+    0x0C: np.dtype(">i4"),
+    0x0D: np.dtype(">f4"),
+    0x0E: np.dtype(">f8"),
+}
 
 
 @dataclass(frozen=True)
@@ -70,17 +76,19 @@ def write_idx(path: str | Path, array: np.ndarray) -> None:
     Path(path).write_bytes(header + array.tobytes())
 
 
-def _find_idx(folder: Path, stem: str) -> Path:
+def _find_idx(folder: Path, stem: str, shown: str) -> Path:
     for name in (stem, stem + ".gz", stem.replace("-idx", ".idx"), stem.replace("-idx", ".idx") + ".gz"):
         if (folder / name).is_file():
             return folder / name
-    raise SpecError(f"params.yaml: data.idx_dir = {str(folder)!r}: has no {stem} (or {stem}.gz)")
+    raise SpecError(f"params.yaml: data.idx_dir = {shown!r}: has no {stem} (or {stem}.gz)")
 
 
-def load_idx_folder(folder: Path, max_pixel: float | None) -> Dataset:
+def load_idx_folder(folder: Path, max_pixel: float | None, shown: str | None = None) -> Dataset:
+    """Read the four MNIST-format files from `folder` (`shown` is how params.yaml names it)."""
+    shown = shown or str(folder)
     if not folder.is_dir():
-        raise SpecError(f"params.yaml: data.idx_dir = {str(folder)!r}: folder not found")
-    arrays = {key: read_idx(_find_idx(folder, stem)) for key, stem in IDX_FILES.items()}
+        raise SpecError(f"params.yaml: data.idx_dir = {shown!r}: folder not found")
+    arrays = {key: read_idx(_find_idx(folder, stem, shown)) for key, stem in IDX_FILES.items()}
     scale = np.float32(max_pixel or 255.0)
     for part in ("train", "test"):
         images, labels = arrays[f"{part}_images"], arrays[f"{part}_labels"]
@@ -111,7 +119,7 @@ def prepare(spec: DataSpec, seed: int, root: Path = Path()) -> Dataset:
     if spec.source == "digits":
         data = load_digits_split(spec.test_fraction, seed, spec.max_pixel)
     else:
-        data = load_idx_folder(root / str(spec.idx_dir), spec.max_pixel)
+        data = load_idx_folder(root / str(spec.idx_dir), spec.max_pixel, shown=spec.idx_dir)
     for name in ("train_images", "test_images"):
         values = getattr(data, name)
         if values.min() < 0 or values.max() > 1:
@@ -143,14 +151,14 @@ def epoch_batches(num_samples: int, batch_size: int, seed: int, epoch: int) -> l
     one batch shape, so JAX and TF compile their step once.
     """
     if batch_size > num_samples:
-        raise SpecError(f"params.yaml: train.batch_size = {batch_size}: must not exceed the {num_samples} training images")
+        raise SpecError(
+            f"params.yaml: train.batch_size = {batch_size}: must not exceed the {num_samples} training images"
+        )
     order = np.random.default_rng(derive_seed(seed, "shuffle", str(epoch))).permutation(num_samples)
     steps = num_samples // batch_size
     return [order[i * batch_size : (i + 1) * batch_size] for i in range(steps)]
 
 
-def iterate_batches(
-    data: Dataset, batch_size: int, seed: int, epoch: int
-) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+def iterate_batches(data: Dataset, batch_size: int, seed: int, epoch: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     for idx in epoch_batches(len(data.train_labels), batch_size, seed, epoch):
         yield data.train_images[idx], data.train_labels[idx]

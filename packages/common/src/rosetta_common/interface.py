@@ -56,8 +56,17 @@ class Backend(Protocol):
         """Write an ONNX model with a dynamic batch dimension, with the framework's own converter."""
 
 
-REQUIRED = ("FRAMEWORK", "configure", "build", "canonical_weights", "predict", "train",
-            "export_native", "load_native", "export_onnx")
+REQUIRED = (
+    "FRAMEWORK",
+    "configure",
+    "build",
+    "canonical_weights",
+    "predict",
+    "train",
+    "export_native",
+    "load_native",
+    "export_onnx",
+)
 
 
 def check_backend(module: Any) -> None:

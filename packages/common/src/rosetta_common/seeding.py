@@ -10,7 +10,7 @@ import numpy as np
 
 def seed_everything(seed: int) -> np.random.Generator:
     random.seed(seed)
-    np.random.seed(seed)  # noqa: NPY002 - for third-party code that still reads the global state
+    np.random.seed(seed)
     return np.random.default_rng(seed)
 
 

@@ -102,7 +102,9 @@ class TrainSpec(_Section):
 class QualitySpec(_Section):
     # Minimum test accuracy per architecture; the validate stage fails below it.
     min_test_accuracy: dict[Architecture, Annotated[float, Field(ge=0, le=1)]] = {
-        "mlp": 0.95, "cnn": 0.95, "attention": 0.93,
+        "mlp": 0.95,
+        "cnn": 0.95,
+        "attention": 0.93,
     }
 
 
@@ -160,7 +162,9 @@ def _one_line(error: ValidationError, source: str) -> str:
         return f"{source}: {message}"  # our own validators already name field and value
     value = first.get("input")
     if first["type"] == "extra_forbidden":
-        return f"{source}: {field} = {value!r}: unknown field (check the spelling against params.yaml's documented keys)"
+        return (
+            f"{source}: {field} = {value!r}: unknown field (check the spelling against params.yaml's documented keys)"
+        )
     return f"{source}: {field} = {value!r}: {message}"
 
 

@@ -19,8 +19,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
-from safetensors.numpy import load_file, save_file
 from safetensors import safe_open
+from safetensors.numpy import load_file, save_file
 
 from rosetta_common.io import atomic_path
 from rosetta_common.seeding import derive_seed
@@ -30,7 +30,9 @@ LAYOUT = "rosetta-canonical-v1"
 Weights = dict[str, np.ndarray]
 
 
-def canonical_shapes(arch: str, spec: Spec, image_shape: tuple[int, int], num_classes: int) -> dict[str, tuple[int, ...]]:
+def canonical_shapes(
+    arch: str, spec: Spec, image_shape: tuple[int, int], num_classes: int
+) -> dict[str, tuple[int, ...]]:
     """Name -> shape of every parameter of `arch`, in canonical layout and in a fixed order."""
     height, width = image_shape
     if arch == "mlp":
@@ -120,10 +122,14 @@ def random_weights(shapes: Mapping[str, tuple[int, ...]], seed: int) -> Weights:
     return out
 
 
-def check_weights(weights: Mapping[str, np.ndarray], shapes: Mapping[str, tuple[int, ...]], source: str = "weights") -> None:
+def check_weights(
+    weights: Mapping[str, np.ndarray], shapes: Mapping[str, tuple[int, ...]], source: str = "weights"
+) -> None:
     missing, extra = set(shapes) - set(weights), set(weights) - set(shapes)
     if missing or extra:
-        raise ValueError(f"{source}: names differ from the canonical ones (missing {sorted(missing)}, unexpected {sorted(extra)})")
+        raise ValueError(
+            f"{source}: names differ from the canonical ones (missing {sorted(missing)}, unexpected {sorted(extra)})"
+        )
     for name, shape in shapes.items():
         if tuple(weights[name].shape) != tuple(shape):
             raise ValueError(f"{source}: {name} has shape {tuple(weights[name].shape)}, canonical is {tuple(shape)}")

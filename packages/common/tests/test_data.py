@@ -1,0 +1,86 @@
+import gzip
+
+import numpy as np
+import pytest
+from rosetta_common.data import (
+    Dataset,
+    epoch_batches,
+    load_prepared,
+    prepare,
+    read_idx,
+    save_prepared,
+    write_idx,
+)
+from rosetta_common.spec import DataSpec, SpecError
+
+
+def test_digits_split_is_deterministic_and_well_formed():
+    a = prepare(DataSpec(), seed=0)
+    b = prepare(DataSpec(), seed=0)
+    c = prepare(DataSpec(), seed=1)
+    assert a.train_images.shape == (1438, 8, 8) and a.test_images.shape == (359, 8, 8)
+    assert a.train_images.dtype == np.float32 and a.train_labels.dtype == np.int64
+    assert a.train_images.min() >= 0.0 and a.train_images.max() <= 1.0
+    assert a.num_classes == 10 and a.image_shape == (8, 8)
+    np.testing.assert_array_equal(a.test_labels, b.test_labels)
+    assert not np.array_equal(a.test_labels, c.test_labels)
+
+
+def test_prepared_round_trip(tmp_path):
+    data = prepare(DataSpec(), seed=0)
+    save_prepared(data, tmp_path / "prepared")
+    back = load_prepared(tmp_path / "prepared")
+    for name in ("train_images", "train_labels", "test_images", "test_labels"):
+        np.testing.assert_array_equal(getattr(back, name), getattr(data, name))
+    assert sorted(p.name for p in (tmp_path).iterdir()) == ["prepared"]  # no temporary left behind
+
+
+def test_epoch_batches_cover_each_sample_at_most_once_and_differ_by_epoch():
+    first = epoch_batches(100, 32, seed=0, epoch=0)
+    assert [len(b) for b in first] == [32, 32, 32]  # the partial remainder is dropped
+    flat = np.concatenate(first)
+    assert len(set(flat.tolist())) == len(flat)
+    again = epoch_batches(100, 32, seed=0, epoch=0)
+    assert all(np.array_equal(x, y) for x, y in zip(first, again, strict=True))
+    assert not np.array_equal(np.concatenate(epoch_batches(100, 32, 0, 1)), flat)
+    with pytest.raises(SpecError, match=r"train\.batch_size = 200"):
+        epoch_batches(100, 200, 0, 0)
+
+
+def _write_mnist_like(folder, rng, n_train=20, n_test=6, gz=False):
+    folder.mkdir()
+    arrays = {
+        "train-images-idx3-ubyte": rng.integers(0, 256, (n_train, 5, 4), dtype=np.uint8),
+        "train-labels-idx1-ubyte": rng.integers(0, 10, n_train, dtype=np.uint8),
+        "t10k-images-idx3-ubyte": rng.integers(0, 256, (n_test, 5, 4), dtype=np.uint8),
+        "t10k-labels-idx1-ubyte": rng.integers(0, 10, n_test, dtype=np.uint8),
+    }
+    for name, array in arrays.items():
+        write_idx(folder / name, array)
+        if gz:
+            raw = (folder / name).read_bytes()
+            (folder / name).unlink()
+            (folder / f"{name}.gz").write_bytes(gzip.compress(raw))
+    return arrays
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_idx_source_reads_small_files(tmp_path, gz):
+    arrays = _write_mnist_like(tmp_path / "mnist", np.random.default_rng(0), gz=gz)
+    data = prepare(DataSpec(source="idx", idx_dir="mnist"), seed=0, root=tmp_path)
+    assert isinstance(data, Dataset)
+    assert data.train_images.shape == (20, 5, 4) and data.test_images.shape == (6, 5, 4)
+    np.testing.assert_allclose(data.train_images * 255, arrays["train-images-idx3-ubyte"], atol=1e-4)
+    np.testing.assert_array_equal(data.test_labels, arrays["t10k-labels-idx1-ubyte"])
+
+
+def test_idx_errors_name_the_problem(tmp_path):
+    with pytest.raises(SpecError, match=r"data.idx_dir = 'missing': folder not found"):
+        prepare(DataSpec(source="idx", idx_dir="missing"), seed=0, root=tmp_path)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SpecError, match="has no train-images-idx3-ubyte"):
+        prepare(DataSpec(source="idx", idx_dir="empty"), seed=0, root=tmp_path)
+    bad = tmp_path / "bad"
+    bad.write_bytes(b"\x01\x02\x03\x04")
+    with pytest.raises(ValueError, match="bad magic number"):
+        read_idx(bad)

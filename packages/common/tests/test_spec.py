@@ -1,0 +1,58 @@
+from pathlib import Path
+
+import pytest
+from rosetta_common.spec import Spec, SpecError, load_spec, parse_spec
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def test_repository_params_are_valid_and_match_defaults():
+    spec = load_spec(REPO / "params.yaml")
+    assert spec == Spec()  # params.yaml spells out the defaults, so the docs in spec.py stay true
+    assert spec.optimizer.learning_rate == pytest.approx(1e-3)
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ({"models": ["mlp", "resnet"]}, "models.1 = 'resnet': Input should be 'mlp', 'cnn' or 'attention'"),
+        (
+            {"optimizers": {"adam": {"learning_rate": -0.1}}},
+            "optimizers.adam.learning_rate = -0.1: Input should be greater than 0",
+        ),
+        ({"train": {"epochs": 0}}, "train.epochs = 0: Input should be greater than 0"),
+        ({"train": {"epochs": "ten"}}, "train.epochs = 'ten': Input should be a valid integer"),
+        ({"train": {"optimizer": "rmsprop"}}, "train.optimizer = 'rmsprop': Input should be 'adam' or 'sgd'"),
+        ({"data": {"source": "idx"}}, "data.idx_dir = None: required when data.source is 'idx'"),
+        (
+            {"architecture": {"attention": {"embed_dim": 10, "num_heads": 3}}},
+            "architecture.attention.num_heads = 3: must divide embed_dim (10)",
+        ),
+        ({"trian": {}}, "trian = {}: unknown field"),
+        ({"frameworks": []}, "frameworks = []: list at least one of torch, tf, jax"),
+    ],
+)
+def test_bad_values_give_one_line_naming_field_value_and_allowed(raw, expected):
+    with pytest.raises(SpecError) as info:
+        parse_spec(raw)
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith("params.yaml: ")
+    assert expected in message
+
+
+def test_missing_and_malformed_files(tmp_path):
+    with pytest.raises(SpecError, match="file not found"):
+        load_spec(tmp_path / "nope.yaml")
+    bad = tmp_path / "params.yaml"
+    bad.write_text("train: [unclosed\n")
+    with pytest.raises(SpecError, match="not valid YAML"):
+        load_spec(bad)
+    bad.write_text("- a list\n")
+    with pytest.raises(SpecError, match="must be a mapping"):
+        load_spec(bad)
+
+
+def test_yaml_scientific_notation_without_dot_is_accepted():
+    # PyYAML reads `1e-3` as a string; the spec still takes it as a number.
+    assert parse_spec({"optimizers": {"adam": {"learning_rate": "1e-3"}}}).optimizer.learning_rate == 1e-3

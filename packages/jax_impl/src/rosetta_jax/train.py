@@ -1,0 +1,135 @@
+"""configure() and train(): one optax optimizer, one jax.jit train step, common's batches in common's order.
+
+The step follows Flax's NNX "functional" style (nnx.split once, jax.jit over the pure parameter state,
+nnx.merge inside): it is the pattern Flax's performance guide recommends for small models, where nnx.jit's
+per-call graph traversal would cost more than the step itself.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from tqdm import tqdm
+
+from rosetta_common.data import Dataset, epoch_batches, iterate_batches
+from rosetta_common.interface import TrainResult
+from rosetta_common.optim import adam_bias_corrections
+from rosetta_common.seeding import seed_everything
+from rosetta_common.spec import AdamSpec, SGDSpec, Spec
+
+from rosetta_jax.models import Model
+
+
+def configure(seed: int) -> None:
+    """Seed and make deterministic. JAX has no global random state (and build() draws nothing: weights
+    come from the canonical init), so only Python's and numpy's generators are seeded. XLA on CPU is
+    deterministic already; the GPU flag and full-precision matmuls (no TF32) make a CUDA run so too.
+    XLA_FLAGS is read when the first backend starts, so this must run before any JAX computation."""
+    seed_everything(seed)
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "--xla_gpu_deterministic_ops" not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} --xla_gpu_deterministic_ops=true".strip()
+    jax.config.update("jax_default_matmul_precision", "highest")
+
+
+class TorchAdamState(NamedTuple):
+    count: jax.Array  # steps taken so far (int32)
+    mu: optax.Updates
+    nu: optax.Updates
+
+
+def torch_adam(spec: AdamSpec, num_steps: int) -> optax.GradientTransformation:
+    """torch.optim.Adam's arithmetic as an optax transform (updates to add to the parameters).
+
+    optax.adam differs from torch in one place that matters at 1e-6: it computes 1 - b2**t in float32
+    (~1.3e-5 relative off for small t). Here both bias corrections are computed on the host in float64 as
+    torch does (rosetta_common.optim.adam_bias_corrections), rounded once to float32, and looked up by
+    step count from a table -- a schedule, precomputed. `num_steps` must cover every step that will be
+    taken (train() passes its exact total; steps past it would reuse the last entry).
+    Torch: denom = sqrt(v) / sqrt(bc2) + eps; p -= (lr / bc1) * m / denom.
+    """
+    b1, b2, eps = spec.beta1, spec.beta2, spec.epsilon
+    corrections = [adam_bias_corrections(t, b1, b2) for t in range(1, num_steps + 1)]
+    step_sizes = np.array([spec.learning_rate / bc1 for bc1, _ in corrections], np.float32)
+    bc2_sqrts = np.array([bc2_sqrt for _, bc2_sqrt in corrections], np.float32)
+
+    def init(params: optax.Params) -> TorchAdamState:
+        zeros = jax.tree.map(jnp.zeros_like, params)
+        return TorchAdamState(jnp.zeros([], jnp.int32), zeros, jax.tree.map(jnp.zeros_like, params))
+
+    def update(grads: optax.Updates, state: TorchAdamState, params: optax.Params | None = None
+               ) -> tuple[optax.Updates, TorchAdamState]:
+        del params
+        mu = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, state.mu, grads)
+        nu = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * g * g, state.nu, grads)
+        step_size, bc2_sqrt = jnp.asarray(step_sizes)[state.count], jnp.asarray(bc2_sqrts)[state.count]
+        updates = jax.tree.map(lambda m, v: -(step_size * m) / (jnp.sqrt(v) / bc2_sqrt + eps), mu, nu)
+        return updates, TorchAdamState(state.count + 1, mu, nu)
+
+    return optax.GradientTransformation(init, update)
+
+
+def make_optimizer(spec: Spec, num_steps: int) -> optax.GradientTransformation:
+    opt = spec.optimizer
+    if isinstance(opt, AdamSpec):
+        return torch_adam(opt, num_steps)
+    if isinstance(opt, SGDSpec):
+        # optax's trace (t = g + m*t, zero-initialised so the first step is t = g) then -lr*t: torch's SGD.
+        return optax.sgd(opt.learning_rate, momentum=opt.momentum)
+    raise TypeError(f"unknown optimizer spec {opt!r}")
+
+
+def loss_fn(model: Model, images: jax.Array, labels: jax.Array) -> jax.Array:
+    """Mean softmax cross-entropy from logits and integer labels."""
+    return optax.softmax_cross_entropy_with_integer_labels(model(images), labels).mean()
+
+
+StepFn = Callable[[nnx.State, optax.OptState, jax.Array, jax.Array], tuple[nnx.State, optax.OptState, jax.Array]]
+
+
+def make_train_step(graphdef: nnx.GraphDef[Any], tx: optax.GradientTransformation) -> StepFn:
+    @jax.jit
+    def train_step(params: nnx.State, opt_state: optax.OptState, images: jax.Array, labels: jax.Array
+                   ) -> tuple[nnx.State, optax.OptState, jax.Array]:
+        loss, grads = jax.value_and_grad(lambda p: loss_fn(nnx.merge(graphdef, p), images, labels))(params)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    return train_step
+
+
+def train(model: Model, arch: str, spec: Spec, data: Dataset) -> tuple[Model, TrainResult]:
+    """Train in place with the spec's optimizer; returns the model and every step's loss."""
+    if arch != model.config.arch:
+        raise ValueError(f"train: arch {arch!r} but the model is {model.config.arch!r}")
+    steps_per_epoch = len(epoch_batches(len(data.train_labels), spec.train.batch_size, spec.seed, 0))
+    tx = make_optimizer(spec, spec.train.epochs * steps_per_epoch)
+    graphdef, params = nnx.split(model, nnx.Param)  # every state of these models is a Param
+    opt_state = tx.init(params)
+    train_step = make_train_step(graphdef, tx)
+
+    step_losses: list[float] = []
+    epoch_losses: list[float] = []
+    start = time.perf_counter()
+    with tqdm(range(spec.train.epochs), desc=f"jax {arch}", unit="epoch", leave=False) as bar:
+        for epoch in bar:
+            losses = []  # device arrays: reading each one at once would stall JAX's async dispatch
+            for images, labels in iterate_batches(data, spec.train.batch_size, spec.seed, epoch):
+                params, opt_state, loss = train_step(params, opt_state, images, labels)
+                losses.append(loss)
+            epoch_step_losses = [float(v) for v in jax.device_get(losses)]
+            step_losses += epoch_step_losses
+            epoch_losses.append(float(np.mean(epoch_step_losses)))
+            bar.set_postfix(loss=f"{epoch_losses[-1]:.4f}")
+    train_seconds = time.perf_counter() - start
+    nnx.update(model, params)
+    return model, TrainResult(step_losses, epoch_losses, train_seconds,
+                              extra={"steps": len(step_losses), "optimizer": spec.train.optimizer})

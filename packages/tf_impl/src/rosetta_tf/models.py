@@ -1,0 +1,144 @@
+"""The three architectures as Keras 3 functional models (see rosetta_common.reference for their meaning).
+
+Every layer is named after its canonical parameter prefix ("hidden", "conv1", "block", ...), so
+weights.py maps names one to one. The attention block is written with keras.ops (not
+keras.layers.MultiHeadAttention, whose per-head kernels and all-or-nothing bias do not map one to one).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import keras
+from keras import layers, ops
+
+from rosetta_common.spec import Spec
+
+PACKAGE = "rosetta_tf"  # registration namespace: load_model(safe_mode=True) finds our layers by it
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class PositionEmbedding(layers.Layer):
+    """Adds a learned (tokens, embed_dim) table to its input."""
+
+    def build(self, input_shape: tuple[int | None, ...]) -> None:
+        self.pos_embedding = self.add_weight(
+            shape=(input_shape[-2], input_shape[-1]), initializer="zeros", name="pos_embedding"
+        )
+
+    def call(self, x: Any) -> Any:
+        return x + self.pos_embedding
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class SelfAttention(layers.Layer):
+    """Multi-head self-attention: bias-free q/k/v projections, out projection with bias."""
+
+    def __init__(self, embed_dim: int, num_heads: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if embed_dim % num_heads:
+            raise ValueError(f"num_heads ({num_heads}) must divide embed_dim ({embed_dim})")
+        self.embed_dim, self.num_heads = embed_dim, num_heads
+        self.head_dim = embed_dim // num_heads
+        self.query = layers.Dense(embed_dim, use_bias=False, name="query")
+        self.key = layers.Dense(embed_dim, use_bias=False, name="key")
+        self.value = layers.Dense(embed_dim, use_bias=False, name="value")
+        self.out = layers.Dense(embed_dim, name="out")
+
+    def build(self, input_shape: tuple[int | None, ...]) -> None:
+        for dense in (self.query, self.key, self.value, self.out):
+            dense.build(input_shape)
+
+    def _split(self, t: Any) -> Any:
+        # (B, T, E) -> (B, heads, T, head_dim); head h owns columns h*head_dim:(h+1)*head_dim.
+        tokens = t.shape[1]
+        return ops.transpose(ops.reshape(t, (-1, tokens, self.num_heads, self.head_dim)), (0, 2, 1, 3))
+
+    def call(self, x: Any) -> Any:
+        q, k, v = self._split(self.query(x)), self._split(self.key(x)), self._split(self.value(x))
+        # Scale after the matmul, as the reference does (scaling q first rounds differently).
+        scores = ops.matmul(q, ops.transpose(k, (0, 1, 3, 2))) / math.sqrt(self.head_dim)
+        attended = ops.matmul(ops.softmax(scores, axis=-1), v)
+        merged = ops.reshape(ops.transpose(attended, (0, 2, 1, 3)), (-1, x.shape[1], self.embed_dim))
+        return self.out(merged)
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "embed_dim": self.embed_dim, "num_heads": self.num_heads}
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class EncoderBlock(layers.Layer):
+    """One pre-norm Transformer encoder block: x + Attn(LN1(x)), then h + fc2(GELU(fc1(LN2(h))))."""
+
+    def __init__(self, embed_dim: int, num_heads: int, mlp_dim: int, layer_norm_eps: float, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.embed_dim, self.num_heads, self.mlp_dim = embed_dim, num_heads, mlp_dim
+        self.layer_norm_eps = layer_norm_eps
+        self.norm1 = layers.LayerNormalization(epsilon=layer_norm_eps, name="norm1")
+        self.attn = SelfAttention(embed_dim, num_heads, name="attn")
+        self.norm2 = layers.LayerNormalization(epsilon=layer_norm_eps, name="norm2")
+        self.fc1 = layers.Dense(mlp_dim, name="fc1")
+        self.fc2 = layers.Dense(embed_dim, name="fc2")
+
+    def build(self, input_shape: tuple[int | None, ...]) -> None:
+        self.norm1.build(input_shape)
+        self.attn.build(input_shape)
+        self.norm2.build(input_shape)
+        self.fc1.build(input_shape)
+        self.fc2.build((*input_shape[:-1], self.mlp_dim))
+
+    def call(self, x: Any) -> Any:
+        h = x + self.attn(self.norm1(x))
+        # Exact (erf) GELU, as torch's nn.GELU() default.
+        return h + self.fc2(ops.gelu(self.fc1(self.norm2(h)), approximate=False))
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "embed_dim": self.embed_dim, "num_heads": self.num_heads,
+                "mlp_dim": self.mlp_dim, "layer_norm_eps": self.layer_norm_eps}
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class AddChannel(layers.Layer):
+    """(B, H, W) -> (B, H, W, 1); a named layer instead of a Lambda, which safe_mode refuses to load."""
+
+    def call(self, x: Any) -> Any:
+        return ops.expand_dims(x, -1)
+
+
+def mlp(spec: Spec, image_shape: tuple[int, int], num_classes: int) -> keras.Model:
+    inputs = keras.Input(shape=image_shape, name="images")
+    x = layers.Flatten(name="flatten")(inputs)  # row-major, as the reference's reshape
+    x = layers.Dense(spec.architecture.mlp.hidden, activation="relu", name="hidden")(x)
+    return keras.Model(inputs, layers.Dense(num_classes, name="head")(x), name="mlp")
+
+
+def cnn(spec: Spec, image_shape: tuple[int, int], num_classes: int) -> keras.Model:
+    c = spec.architecture.cnn
+    inputs = keras.Input(shape=image_shape, name="images")
+    x = AddChannel(name="add_channel")(inputs)
+    x = layers.Conv2D(c.conv1_filters, 3, padding="same", activation="relu", name="conv1")(x)
+    x = layers.MaxPooling2D(pool_size=2, strides=2, name="pool")(x)  # "valid": floor, as the reference
+    x = layers.Conv2D(c.conv2_filters, 3, padding="same", activation="relu", name="conv2")(x)
+    x = layers.Flatten(name="flatten")(x)  # NHWC -> (h, w, c) order, the canonical one
+    return keras.Model(inputs, layers.Dense(num_classes, name="head")(x), name="cnn")
+
+
+def attention(spec: Spec, image_shape: tuple[int, int], num_classes: int) -> keras.Model:
+    a = spec.architecture.attention
+    inputs = keras.Input(shape=image_shape, name="images")  # each image row is one token
+    x = layers.Dense(a.embed_dim, name="embed")(inputs)
+    x = PositionEmbedding(name="pos_embedding")(x)
+    x = EncoderBlock(a.embed_dim, a.num_heads, a.mlp_dim, a.layer_norm_eps, name="block")(x)
+    x = layers.LayerNormalization(epsilon=a.layer_norm_eps, name="final_norm")(x)
+    x = layers.GlobalAveragePooling1D(name="mean_tokens")(x)
+    return keras.Model(inputs, layers.Dense(num_classes, name="head")(x), name="attention")
+
+
+BUILDERS = {"mlp": mlp, "cnn": cnn, "attention": attention}
+
+
+def create(arch: str, spec: Spec, image_shape: tuple[int, int], num_classes: int) -> keras.Model:
+    if arch not in BUILDERS:
+        raise ValueError(f"architecture {arch!r} is unknown; allowed: {', '.join(BUILDERS)}")
+    return BUILDERS[arch](spec, image_shape, num_classes)

@@ -1,0 +1,147 @@
+"""The three architectures as plain `nn.Module`s, written the way the PyTorch docs write them.
+
+Attribute names mirror the canonical weight names (`block.attn.query`, `head`, ...), so the state dict's
+keys are the canonical names with `kernel`/`scale` read as `weight`; `weights.py` holds the layout
+conversion (transposes, and the CNN head's row permutation) in one place.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class MLP(nn.Module):
+    """Flatten, Linear + ReLU, Linear."""
+
+    def __init__(self, in_features: int, hidden: int, num_classes: int) -> None:
+        super().__init__()
+        self.hidden = nn.Linear(in_features, hidden)
+        self.head = nn.Linear(hidden, num_classes)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:  # (B, H, W)
+        return self.head(F.relu(self.hidden(images.flatten(1))))
+
+
+class CNN(nn.Module):
+    """Conv3x3 + ReLU, MaxPool 2x2, Conv3x3 + ReLU, flatten (NCHW: channel, height, width), Linear."""
+
+    def __init__(self, conv1_filters: int, conv2_filters: int, pooled_hw: tuple[int, int], num_classes: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, conv1_filters, kernel_size=3, padding=1)
+        self.conv2 = nn.Conv2d(conv1_filters, conv2_filters, kernel_size=3, padding=1)
+        self.head = nn.Linear(conv2_filters * math.prod(pooled_hw), num_classes)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:  # (B, H, W)
+        x = F.relu(self.conv1(images.unsqueeze(1)))
+        x = F.max_pool2d(x, 2)
+        x = F.relu(self.conv2(x))
+        return self.head(x.flatten(1))
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention: bias-free query/key/value projections, an output projection with bias."""
+
+    def __init__(self, embed_dim: int, num_heads: int) -> None:
+        super().__init__()
+        if embed_dim % num_heads:
+            raise ValueError(f"num_heads = {num_heads}: must divide embed_dim ({embed_dim})")
+        self.num_heads = num_heads
+        self.query = nn.Linear(embed_dim, embed_dim, bias=False)
+        self.key = nn.Linear(embed_dim, embed_dim, bias=False)
+        self.value = nn.Linear(embed_dim, embed_dim, bias=False)
+        self.out = nn.Linear(embed_dim, embed_dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, E)
+        batch, tokens, embed = x.shape
+
+        def split(t: torch.Tensor) -> torch.Tensor:  # (B, T, E) -> (B, heads, T, head_dim)
+            return t.view(batch, tokens, self.num_heads, embed // self.num_heads).transpose(1, 2)
+
+        q, k, v = split(self.query(x)), split(self.key(x)), split(self.value(x))
+        attended = F.scaled_dot_product_attention(q, k, v)  # softmax(q k^T / sqrt(head_dim)) v
+        return self.out(attended.transpose(1, 2).reshape(batch, tokens, embed))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, embed_dim: int, mlp_dim: int) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(embed_dim, mlp_dim)
+        self.fc2 = nn.Linear(mlp_dim, embed_dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.gelu(self.fc1(x)))  # exact (erf) GELU
+
+
+class Block(nn.Module):
+    """Pre-norm Transformer encoder block."""
+
+    def __init__(self, embed_dim: int, num_heads: int, mlp_dim: int, eps: float) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(embed_dim, eps=eps)
+        self.attn = SelfAttention(embed_dim, num_heads)
+        self.norm2 = nn.LayerNorm(embed_dim, eps=eps)
+        self.mlp = FeedForward(embed_dim, mlp_dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class AttentionClassifier(nn.Module):
+    """Each image row is a token: Linear embedding + learned positions, one block, LayerNorm, mean, Linear."""
+
+    def __init__(self, height: int, width: int, embed_dim: int, num_heads: int, mlp_dim: int, eps: float,
+                 num_classes: int) -> None:
+        super().__init__()
+        self.embed = nn.Linear(width, embed_dim)
+        self.pos_embedding = nn.Parameter(torch.zeros(height, embed_dim))
+        self.block = Block(embed_dim, num_heads, mlp_dim, eps)
+        self.final_norm = nn.LayerNorm(embed_dim, eps=eps)
+        self.head = nn.Linear(embed_dim, num_classes)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:  # (B, H, W): H tokens of W features
+        x = self.embed(images) + self.pos_embedding
+        x = self.final_norm(self.block(x))
+        return self.head(x.mean(dim=1))
+
+
+def make_module(arch: str, config: dict[str, Any]) -> nn.Module:
+    """A freshly initialised module of `arch` from a plain config (weights.module_config writes it).
+
+    The module keeps `arch` and `config`: weights.py needs them to map its weights back to canonical ones,
+    and export.py stores them beside the state dict so that it can be rebuilt without the spec.
+    """
+    c = config
+    if arch == "mlp":
+        model: nn.Module = MLP(c["in_features"], c["hidden"], c["num_classes"])
+    elif arch == "cnn":
+        model = CNN(c["conv1_filters"], c["conv2_filters"], tuple(c["pooled_hw"]), c["num_classes"])
+    elif arch == "attention":
+        model = AttentionClassifier(c["height"], c["width"], c["embed_dim"], c["num_heads"], c["mlp_dim"],
+                                    c["layer_norm_eps"], c["num_classes"])
+    else:
+        raise ValueError(f"architecture {arch!r} is unknown; allowed: mlp, cnn, attention")
+    model.arch, model.config = arch, dict(config)
+    return model
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def model_device(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+@torch.inference_mode()
+def predict(model: nn.Module, images: np.ndarray) -> np.ndarray:
+    """Logits (batch, classes) float32 for images (batch, height, width) float32 in [0, 1]."""
+    model.eval()
+    x = torch.as_tensor(np.asarray(images, np.float32), device=model_device(model))
+    return model(x).float().cpu().numpy()

@@ -1,0 +1,33 @@
+"""One small script per DVC stage. Each reads params.yaml through rosetta_common.spec and writes its
+outputs atomically, so a failed stage leaves nothing half-written behind."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+from rosetta_common.spec import Spec, SpecError
+
+
+def stage_main(main: Callable[[list[str]], int]) -> None:
+    """Run a stage; turn user-facing errors into one line on stderr and a non-zero exit."""
+    try:
+        code = main(sys.argv[1:])
+    except SpecError as error:
+        print(f"error: {error}", file=sys.stderr)
+        code = 2
+    except StageError as error:
+        print(f"error: {error}", file=sys.stderr)
+        code = 1
+    sys.exit(code)
+
+
+class StageError(RuntimeError):
+    """A stage could not do its job for a reason the user can act on (named in the message)."""
+
+
+def check_model(spec: Spec, model: str) -> None:
+    if model not in spec.models:
+        raise SpecError(
+            f"params.yaml: models = {list(spec.models)}: does not list {model!r}, which this stage was asked to run"
+        )

@@ -1,0 +1,24 @@
+"""Stage `data`: split the configured source deterministically into data/prepared/{train,test}.npz."""
+
+from __future__ import annotations
+
+from rosetta_common.data import prepare, save_prepared
+from rosetta_common.spec import load_spec
+
+from pipelines import paths
+from pipelines.stages import stage_main
+
+
+def main(argv: list[str]) -> int:
+    spec = load_spec(paths.PARAMS)
+    data = prepare(spec.data, spec.seed)
+    save_prepared(data, paths.PREPARED)
+    print(
+        f"data: {len(data.train_labels)} train / {len(data.test_labels)} test images of {data.image_shape}, "
+        f"{data.num_classes} classes -> {paths.PREPARED}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    stage_main(main)

@@ -1,0 +1,76 @@
+"""The runner: environments keyed by their lock, reused without rebuilding, stage environment wiring."""
+
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO, orchestrator_env
+
+from pipelines import runner
+
+
+def test_unchanged_lock_reuses_environment_without_running_anything(monkeypatch):
+    runner.ensure_env("validation")  # built once (or already there)
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError(f"no process may run for an up-to-date environment: {args}")
+
+    monkeypatch.setattr(runner.subprocess, "run", forbidden)
+    assert runner.ensure_env("validation") == runner.envs_dir() / "validation-cpu"
+
+
+def test_changed_lock_changes_the_key(tmp_path, monkeypatch):
+    lock = tmp_path / "requirements-cpu.lock"
+    lock.write_text("numpy==2.4.6 --hash=sha256:00\n")
+    monkeypatch.setattr(runner, "lock_path", lambda env, variant: lock)
+    before = runner.lock_digest("validation", "cpu")
+    lock.write_text("numpy==2.4.5 --hash=sha256:00\n")
+    assert runner.lock_digest("validation", "cpu") != before
+
+
+def test_stage_environment_puts_common_and_only_its_framework_on_the_path(tmp_path):
+    env = runner.stage_environment("torch", tmp_path)
+    path = env["PYTHONPATH"]
+    assert str(REPO / "packages/common/src") in path and str(REPO / "packages/torch_impl/src") in path
+    assert "tf_impl" not in path and "jax_impl" not in path
+    assert env["PATH"].startswith(str(tmp_path / "bin"))
+    assert "_impl" not in runner.stage_environment("validation", tmp_path)["PYTHONPATH"]
+
+
+@pytest.mark.parametrize(
+    ("args", "extra", "message"),
+    [
+        (["nope", "--", "python", "-c", "pass"], {}, "env 'nope' is unknown"),
+        (
+            ["validation", "--", "python", "-c", "pass"],
+            {"ROSETTA_RUNTIME": "kubernetes"},
+            "ROSETTA_RUNTIME='kubernetes' is not allowed; choose one of local, container",
+        ),
+        (
+            ["validation", "--", "python", "-c", "pass"],
+            {"ROSETTA_VARIANT": "rocm"},
+            "ROSETTA_VARIANT='rocm' is not allowed; choose one of cpu, cuda",
+        ),
+    ],
+)
+def test_bad_runner_input_is_one_clear_line(args, extra, message):
+    result = subprocess.run(
+        [sys.executable, "-m", "pipelines.runner", *args],
+        cwd=REPO,
+        env=orchestrator_env(**extra),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode != 0
+    assert message in result.stderr
+
+
+def test_command_exit_code_passes_through():
+    result = subprocess.run(
+        [sys.executable, "-m", "pipelines.runner", "validation", "--", "python", "-c", "import sys; sys.exit(7)"],
+        cwd=REPO,
+        env=orchestrator_env(),
+        check=False,
+    )
+    assert result.returncode == 7
