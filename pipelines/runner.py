@@ -146,7 +146,9 @@ def run(env: str, command: list[str]) -> int:
     runtime = _choice("ROSETTA_RUNTIME", RUNTIMES)
     variant = _choice("ROSETTA_VARIANT", VARIANTS)
     if runtime == "container":
-        raise SystemExit("error: ROSETTA_RUNTIME=container is not available yet; see containers/README.md")
+        from pipelines import containers  # the container runtime: same stages, one image per environment
+
+        return containers.run(env, variant, command)
     env_dir = ensure_env(env, variant)
     if command[0] in ("python", "python3"):
         command = [str(env_dir / "bin" / "python"), *command[1:]]

@@ -4,8 +4,8 @@ import json
 import re
 
 import pytest
-from conftest import REPO, run_in
 
+from conftest import REPO, run_in
 from pipelines.runner import ENVIRONMENTS, VARIANTS, lock_path
 
 FRAMEWORK_MODULES = {"torch": "torch", "tf": "tensorflow", "jax": "jax"}

@@ -4,8 +4,8 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO, orchestrator_env
 
+from conftest import REPO, orchestrator_env
 from pipelines import runner
 
 

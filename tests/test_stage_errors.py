@@ -5,6 +5,7 @@ import sys
 
 import pytest
 import yaml
+
 from conftest import REPO, orchestrator_env
 
 

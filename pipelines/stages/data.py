@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from rosetta_common.data import prepare, save_prepared
-from rosetta_common.spec import load_spec
-
 from pipelines import paths
 from pipelines.stages import stage_main
+from rosetta_common.data import prepare, save_prepared
+from rosetta_common.spec import load_spec
 
 
 def main(argv: list[str]) -> int:

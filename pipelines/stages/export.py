@@ -7,15 +7,15 @@ import argparse
 import time
 
 import numpy as np
+
+from pipelines import paths
+from pipelines.stages import check_model, stage_main
+from pipelines.stages.backend import MODULES, load_backend
 from rosetta_common.data import load_prepared
 from rosetta_common.io import atomic_path, write_json
 from rosetta_common.metrics import max_abs_diff
 from rosetta_common.spec import load_spec
 from rosetta_common.weights import load_weights
-
-from pipelines import paths
-from pipelines.stages import check_model, stage_main
-from pipelines.stages.backend import MODULES, load_backend
 
 
 def main(argv: list[str]) -> int:

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import argparse
 
+from pipelines import paths
+from pipelines.stages import check_model, stage_main
 from rosetta_common.data import load_prepared
 from rosetta_common.spec import load_spec
 from rosetta_common.weights import count_parameters, init_weights, save_weights
-
-from pipelines import paths
-from pipelines.stages import check_model, stage_main
 
 
 def main(argv: list[str]) -> int:

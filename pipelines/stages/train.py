@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import argparse
 
+from pipelines import paths
+from pipelines.stages import check_model, stage_main
+from pipelines.stages.backend import MODULES, load_backend
 from rosetta_common.data import load_prepared
 from rosetta_common.io import write_json
 from rosetta_common.metrics import accuracy, softmax_cross_entropy
 from rosetta_common.spec import load_spec
 from rosetta_common.weights import count_parameters, load_weights, save_weights
-
-from pipelines import paths
-from pipelines.stages import check_model, stage_main
-from pipelines.stages.backend import MODULES, load_backend
 
 
 def main(argv: list[str]) -> int:

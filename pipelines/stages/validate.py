@@ -21,6 +21,9 @@ from typing import Any
 import numpy as np
 import onnx
 import onnxruntime as ort
+
+from pipelines import paths
+from pipelines.stages import StageError, stage_main
 from rosetta_common.data import load_prepared
 from rosetta_common.io import read_json, write_json
 from rosetta_common.metrics import accuracy, max_abs_diff, relative_diff
@@ -28,9 +31,6 @@ from rosetta_common.reference import forward
 from rosetta_common.seeding import derive_seed
 from rosetta_common.spec import Spec, load_spec
 from rosetta_common.weights import load_weights
-
-from pipelines import paths
-from pipelines.stages import StageError, stage_main
 
 
 class Checks:

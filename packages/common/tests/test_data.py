@@ -2,6 +2,7 @@ import gzip
 
 import numpy as np
 import pytest
+
 from rosetta_common.data import (
     Dataset,
     epoch_batches,

@@ -1,4 +1,5 @@
 import pytest
+
 from rosetta_common.io import atomic_path, read_json, write_json
 
 

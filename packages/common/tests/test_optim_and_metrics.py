@@ -1,5 +1,6 @@
 import numpy as np
 import pytest
+
 from rosetta_common.metrics import accuracy, max_abs_diff, relative_diff, softmax_cross_entropy
 from rosetta_common.optim import adam_bias_corrections, adam_step, sgd_step
 from rosetta_common.spec import AdamSpec, SGDSpec

@@ -1,6 +1,7 @@
 from pathlib import Path
 
 import pytest
+
 from rosetta_common.spec import Spec, SpecError, load_spec, parse_spec
 
 REPO = Path(__file__).resolve().parents[3]

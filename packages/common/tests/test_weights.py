@@ -1,5 +1,6 @@
 import numpy as np
 import pytest
+
 from rosetta_common.reference import forward, max_pool2x2
 from rosetta_common.spec import Spec, parse_spec
 from rosetta_common.weights import (

@@ -41,7 +41,7 @@ def to_native(model: Model, weights: Mapping[str, np.ndarray]) -> None:
     state = nnx.state(model, nnx.Param)
     native = {name: tuple(v.shape) for name, v in from_native_state(state).items()}
     expected = {name: tuple(np.shape(w)) for name, w in weights.items()}
-    if native != expected:  # models.py and the canonical shapes disagree: a bug here, not in the caller's data
+    if native != expected:  # models.py disagrees with canonical_shapes: a bug here, not in the caller's data
         raise AssertionError(f"NNX parameters {native} differ from the canonical ones {expected}")
     # Copy (jnp.array) so the model never aliases the caller's numpy buffers.
     nnx.replace_by_pure_dict(state, _nest({k: jnp.array(v, dtype=jnp.float32) for k, v in weights.items()}))
@@ -62,17 +62,23 @@ def from_native(model: Model) -> Weights:
 
 def infer_config(arch: str, spec: Spec, weights: Mapping[str, np.ndarray]) -> ModelConfig:
     """The image shape and class count that the canonical weights imply (they are not in the spec)."""
-    num_classes = int(np.shape(weights["head.bias"])[0])
+
+    def shape(name: str) -> tuple[int, ...]:
+        if name not in weights:
+            raise ValueError(f"{arch} weights: names differ from the canonical ones (missing {name!r})")
+        return tuple(np.shape(weights[name]))
+
+    num_classes = shape("head.bias")[0]
     if arch == "mlp":
         # The flattened input only gives height * width; digits and MNIST are square.
-        side = int(round(np.shape(weights["hidden.kernel"])[0] ** 0.5))
+        side = round(shape("hidden.kernel")[0] ** 0.5)
         image_shape = (side, side)
     elif arch == "cnn":
-        pooled = np.shape(weights["head.kernel"])[0] // spec.architecture.cnn.conv2_filters
-        side = int(round(pooled**0.5)) * 2  # pooled = (h // 2) * (w // 2): assume square images
+        pooled = shape("head.kernel")[0] // spec.architecture.cnn.conv2_filters
+        side = round(pooled**0.5) * 2  # pooled = (h // 2) * (w // 2): assume square images
         image_shape = (side, side)
     elif arch == "attention":
-        image_shape = (int(np.shape(weights["pos_embedding"])[0]), int(np.shape(weights["embed.kernel"])[0]))
+        image_shape = (shape("pos_embedding")[0], shape("embed.kernel")[0])
     else:
         raise ValueError(f"architecture {arch!r} is unknown; allowed: mlp, cnn, attention")
     return ModelConfig(arch, image_shape, num_classes, spec.architecture.model_dump_json())

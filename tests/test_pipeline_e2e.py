@@ -1,0 +1,174 @@
+"""The whole pipeline, for real (DVC, the three frameworks, ONNX Runtime), with tiny params in a temporary
+copy of the repository. Environments are shared with the checkout (ROSETTA_ENVS_DIR), not rebuilt."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from conftest import REPO, orchestrator_env
+from pipelines.runner import envs_dir
+
+MODELS = ["mlp", "cnn", "attention"]
+FRAMEWORKS = ["torch", "tf", "jax"]
+TINY = {
+    "train": {"epochs": 2, "batch_size": 32, "optimizer": "adam"},
+    "architecture": {"attention": {"embed_dim": 32, "num_heads": 4, "mlp_dim": 32}},
+    "quality": {"min_test_accuracy": {"mlp": 0.5, "cnn": 0.5, "attention": 0.3}},
+    "export": {"validation_batch_size": 16, "parity_batch_sizes": [1, 7, 1024]},
+}
+
+
+def merge(base: dict, override: dict) -> dict:
+    out = dict(base)
+    for key, value in override.items():
+        out[key] = merge(base.get(key, {}), value) if isinstance(value, dict) else value
+    return out
+
+
+def sh(cmd: list[str], cwd: Path, env: dict[str, str], check: bool = True) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, check=False)
+    if check and result.returncode != 0:
+        raise AssertionError(
+            f"{' '.join(cmd)} failed ({result.returncode}):\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
+        )
+    return result
+
+
+def ran_stages(output: str) -> set[str]:
+    return set(re.findall(r"Running stage '([^']+)'", output))
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory):
+    root = tmp_path_factory.mktemp("rosetta") / "repo"
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split("\0")
+    for rel in filter(None, listed):
+        if (REPO / rel).is_file():
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / rel, root / rel)
+    params = merge(yaml.safe_load((REPO / "params.yaml").read_text()), TINY)
+    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    env = orchestrator_env(ROSETTA_ENVS_DIR=str(envs_dir()))
+    git = ["git", "-c", "user.name=rosetta", "-c", "user.email=rosetta@localhost"]
+    sh(["git", "init", "-q"], root, env)
+    sh([*git, "add", "-A"], root, env)
+    sh([*git, "commit", "-qm", "copy"], root, env)
+    first = sh(["dvc", "repro"], root, env)
+    return root, env, first.stdout + first.stderr
+
+
+def test_first_repro_runs_every_stage(pipeline):
+    _, _, output = pipeline
+    expected = {"data", "validate"} | {f"init@{m}" for m in MODELS}
+    expected |= {f"{s}@{f}-{m}" for s in ("train", "export") for f in FRAMEWORKS for m in MODELS}
+    assert ran_stages(output) == expected
+
+
+def test_validation_report_passes_with_every_check(pipeline):
+    root, _, _ = pipeline
+    report = json.loads((root / "reports/validation.json").read_text())
+    assert report["passed"] is True
+    checks = {(r["model"], r["framework"], r["check"]) for r in report["checks"]}
+    for m in MODELS:
+        for f in FRAMEWORKS:
+            for check in (
+                "onnx_checker_model",
+                "onnx_vs_native",
+                "onnx_test_accuracy_equals_native",
+                "init_onnx_vs_native",
+                "init_onnx_vs_reference",
+                "min_test_accuracy",
+            ):
+                assert (m, f, check) in checks
+        for pair in ("torch|tf", "torch|jax", "tf|jax"):
+            for check in (
+                "forward_parity_init_onnx",
+                "train_step1_loss_rel",
+                "train_first_epoch_loss_rel",
+                "test_loss_rel",
+                "test_accuracy_points",
+            ):
+                assert (m, pair, check) in checks
+    for row in report["checks"]:
+        if row["tolerance"] is not None and row["max_abs_err"] is not None:
+            assert row["max_abs_err"] <= row["tolerance"]
+    assert len(report["training_parity"]) == 3 * len(MODELS)
+
+
+def test_artifacts_and_metrics_are_laid_out(pipeline):
+    root, _, _ = pipeline
+    for m in MODELS:
+        assert (root / f"artifacts/{m}/init.safetensors").is_file()
+        for f in FRAMEWORKS:
+            run = root / f"artifacts/{m}/{f}"
+            for name in ("model.onnx", "init.onnx", "trained.safetensors", "native_outputs.npz", "export.json"):
+                assert (run / name).is_file(), run / name
+            assert any((run / "native").iterdir())
+            metrics = json.loads((root / f"metrics/{m}/{f}.json").read_text())
+            for key in ("test_accuracy", "final_train_loss", "train_seconds", "epoch_losses"):
+                assert key in metrics
+            assert len(metrics["epoch_losses"]) == TINY["train"]["epochs"]
+            with np.load(run / "native_outputs.npz", allow_pickle=False) as outputs:
+                assert outputs["validation_logits"].shape == (16, 10)
+    assert not list(root.rglob("*.pkl")) and not list(root.rglob("*.pickle"))
+
+
+def test_second_repro_reruns_nothing(pipeline):
+    root, env, _ = pipeline
+    result = sh(["dvc", "repro"], root, env)
+    assert ran_stages(result.stdout) == set()
+    status = sh(["dvc", "status", "--json"], root, env)
+    assert json.loads(status.stdout) == {}
+
+
+def test_corrupt_onnx_fails_validation_naming_the_file(pipeline):
+    root, env, _ = pipeline
+    target = root / "artifacts/mlp/tf/model.onnx"
+    saved = target.read_bytes()
+    try:
+        target.write_bytes(b"this is not an onnx model")
+        result = sh(
+            ["python", "-m", "pipelines.runner", "validation", "--", "python", "-m", "pipelines.stages.validate"],
+            root,
+            env,
+            check=False,
+        )
+        assert result.returncode != 0
+        assert "artifacts/mlp/tf/model.onnx" in result.stderr
+        target.unlink()
+        result = sh(
+            ["python", "-m", "pipelines.runner", "validation", "--", "python", "-m", "pipelines.stages.validate"],
+            root,
+            env,
+            check=False,
+        )
+        assert result.returncode != 0
+        assert "artifacts/mlp/tf/model.onnx: ONNX file is missing" in result.stderr
+    finally:
+        target.write_bytes(saved)
+        sh(["dvc", "checkout", "-q"], root, env, check=False)
+
+
+def test_editing_torch_package_reruns_only_torch_and_downstream(pipeline):
+    root, env, _ = pipeline
+    source = root / "packages/torch_impl/src/rosetta_torch/models.py"
+    source.write_text(source.read_text() + "\n# an edit\n")
+    result = sh(["dvc", "repro"], root, env)
+    ran = ran_stages(result.stdout)
+    torch_stages = {f"{s}@torch-{m}" for s in ("train", "export") for m in MODELS}
+    assert torch_stages <= ran
+    assert ran <= torch_stages | {"validate"}
