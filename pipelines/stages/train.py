@@ -27,6 +27,7 @@ def main(argv: list[str]) -> int:
 
     spec = load_spec(paths.PARAMS)  # validates params.yaml (models included) before anything is written
     check_model(spec, arch)
+    spec = spec.for_model(arch)  # learning rates resolved to this model's
     backend = load_backend(fw, spec.seed)
     data = load_prepared(paths.PREPARED)
     init = load_weights(paths.init_weights(arch))

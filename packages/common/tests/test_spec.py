@@ -10,7 +10,16 @@ REPO = Path(__file__).resolve().parents[3]
 def test_repository_params_are_valid_and_match_defaults():
     spec = load_spec(REPO / "params.yaml")
     assert spec == Spec()  # params.yaml spells out the defaults, so the docs in spec.py stay true
-    assert spec.optimizer.learning_rate == pytest.approx(1e-3)
+    assert spec.learning_rate("attention") == pytest.approx(3e-4)
+
+
+def test_learning_rate_per_model_or_one_number():
+    spec = parse_spec({"optimizers": {"sgd": {"learning_rate": 0.02}}, "train": {"optimizer": "sgd"}})
+    assert spec.learning_rate("mlp") == spec.learning_rate("attention") == 0.02
+    resolved = Spec().for_model("cnn")
+    assert resolved.optimizer.learning_rate == 3e-3 and resolved.optimizers.sgd.learning_rate == 0.1
+    with pytest.raises(SpecError, match="gives no rate for attention"):
+        parse_spec({"optimizers": {"adam": {"learning_rate": {"mlp": 0.1, "cnn": 0.1}}}})
 
 
 @pytest.mark.parametrize(

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from jax_testing import ARCHS, IMAGE_SHAPE, NUM_CLASSES
+
 import rosetta_jax
-from conftest import ARCHS, IMAGE_SHAPE, NUM_CLASSES
 from rosetta_common.metrics import max_abs_diff
 from rosetta_common.reference import forward
 from rosetta_common.spec import Spec

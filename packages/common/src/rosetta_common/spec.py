@@ -75,8 +75,13 @@ class ArchitectureSpec(_Section):
     attention: AttentionSpec = AttentionSpec()
 
 
+# A learning rate is one number for every architecture, or one per architecture ({mlp: 3e-3, ...}):
+# a Transformer with embed 512 wants a smaller step than a small MLP. Spec.for_model resolves it.
+LearningRate = PositiveFloat | dict[Architecture, PositiveFloat]
+
+
 class AdamSpec(_Section):
-    learning_rate: PositiveFloat = 1e-3
+    learning_rate: LearningRate = {"mlp": 3e-3, "cnn": 3e-3, "attention": 3e-4}
     beta1: Probability = 0.9
     beta2: Probability = 0.999
     # Added to sqrt(v_hat) after bias correction, as torch and optax do (Keras' own Adam differs; see optim.py).
@@ -84,7 +89,7 @@ class AdamSpec(_Section):
 
 
 class SGDSpec(_Section):
-    learning_rate: PositiveFloat = 0.05
+    learning_rate: LearningRate = {"mlp": 0.1, "cnn": 0.1, "attention": 0.005}
     momentum: Annotated[float, Field(ge=0, lt=1)] = 0.9
 
 
@@ -146,9 +151,36 @@ class Spec(_Section):
                 raise ValueError(f"{name} = {values}: each entry may appear once")
         return self
 
+    @model_validator(mode="after")
+    def _learning_rate_for_every_model(self) -> Spec:
+        for name in ("adam", "sgd"):
+            rate = getattr(self.optimizers, name).learning_rate
+            missing = [m for m in self.models if isinstance(rate, dict) and m not in rate]
+            if missing:
+                raise ValueError(
+                    f"optimizers.{name}.learning_rate = {rate}: gives no rate for {', '.join(missing)} "
+                    "(give one number, or one per model)"
+                )
+        return self
+
     @property
     def optimizer(self) -> AdamSpec | SGDSpec:
+        """The chosen optimizer's settings; after for_model() its learning_rate is one number."""
         return getattr(self.optimizers, self.train.optimizer)
+
+    def learning_rate(self, arch: str) -> float:
+        rate = self.optimizer.learning_rate
+        return float(rate[arch] if isinstance(rate, dict) else rate)
+
+    def for_model(self, arch: str) -> Spec:
+        """This spec as seen by one model's training: every learning rate resolved to that model's number."""
+        resolved = {}
+        for name in ("adam", "sgd"):
+            section = getattr(self.optimizers, name)
+            rate = section.learning_rate
+            value = rate.get(arch, next(iter(rate.values()))) if isinstance(rate, dict) else rate
+            resolved[name] = section.model_copy(update={"learning_rate": float(value)})
+        return self.model_copy(update={"optimizers": self.optimizers.model_copy(update=resolved)})
 
 
 _ALLOWED = {"frameworks": ("torch", "tf", "jax"), "models": ("mlp", "cnn", "attention")}
@@ -156,7 +188,9 @@ _ALLOWED = {"frameworks": ("torch", "tf", "jax"), "models": ("mlp", "cnn", "atte
 
 def _one_line(error: ValidationError, source: str) -> str:
     first = error.errors()[0]
-    field = ".".join(str(p) for p in first["loc"]) or "(top level)"
+    # pydantic adds union branch tags ("constrained-float", "dict[...]") to the location: not field names
+    parts = [str(p) for p in first["loc"] if isinstance(p, int) or str(p).isidentifier()]
+    field = ".".join(parts) or "(top level)"
     message = first["msg"].removeprefix("Value error, ")
     if first["type"] == "value_error" and "=" in message.split(":")[0]:
         return f"{source}: {message}"  # our own validators already name field and value

@@ -11,6 +11,9 @@ Native formats, neither of them pickle:
 from __future__ import annotations
 
 import json
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -22,12 +25,12 @@ from flax import nnx, serialization
 
 from rosetta_common.interface import Predict
 from rosetta_common.io import atomic_path, write_bytes, write_json
-
 from rosetta_jax.models import Model, ModelConfig, create
 
 CONFIG_FILE = "config.json"
 PARAMS_FILE = "params.msgpack"
 EXPORT_FILE = "forward.jax_export"
+ONNX_SELF_CHECK_ABS = 1e-5  # params.yaml's tolerances.onnx_vs_native_abs; the validate stage checks it again
 
 
 @partial(jax.jit, static_argnums=0)
@@ -47,7 +50,8 @@ def _config_json(config: ModelConfig) -> dict[str, Any]:
 
 
 def _config_from_json(raw: dict[str, Any]) -> ModelConfig:
-    return ModelConfig(raw["arch"], tuple(raw["image_shape"]), int(raw["num_classes"]),  # type: ignore[arg-type]
+    height, width = raw["image_shape"]
+    return ModelConfig(raw["arch"], (int(height), int(width)), int(raw["num_classes"]),
                        json.dumps(raw["architecture"]))
 
 
@@ -89,16 +93,38 @@ def load_native(out_dir: Path) -> dict[str, Predict]:
     return {"flax_msgpack": partial(predict, model), "jax_export": jax_export_predict}
 
 
-def export_onnx(model: Model, path: Path, example: np.ndarray) -> None:
-    """ONNX via jax2onnx (Flax's own converter route; jax2tf -> tf2onnx is dead), batch dimension "B"."""
-    import onnx
-    from jax2onnx import to_onnx  # imported here: it is slow to import and only export needs it
+@contextmanager
+def _quiet(logger: str) -> Iterator[None]:
+    """jax2onnx's IR library logs a harmless warning per shape constant it leaves untyped; hide them."""
+    log = logging.getLogger(logger)
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
 
-    height, width = model.config.image_shape
+
+def export_onnx(model: Model, path: Path, example: np.ndarray) -> None:
+    """ONNX via jax2onnx (jax2tf -> tf2onnx is dead), batch dimension "B", opset 23 (jax2onnx's default,
+    which onnxruntime 1.32 runs). Checked with onnx.checker and on `example` under onnxruntime before the
+    file appears at `path`."""
+    import onnx
+    import onnxruntime as ort
+    from jax2onnx import to_onnx  # imported here: slow to import, and only this stage needs it
+
+    config = model.config
+    height, width = config.image_shape
     if tuple(np.shape(example)[1:]) != (height, width):
-        raise ValueError(f"example images {np.shape(example)} do not fit the model's {model.config.image_shape}")
-    proto = to_onnx(lambda images: model(images), [("B", height, width)], model_name=f"rosetta_{model.config.arch}",
-                    input_names=["images"], output_names=["logits"])
+        raise ValueError(f"example images {np.shape(example)} do not fit the model's {config.image_shape}")
+    with _quiet("onnx_ir"):
+        proto = to_onnx(lambda images: model(images), [("B", height, width)],
+                        model_name=f"rosetta_{config.arch}", input_names=["images"], output_names=["logits"])
     onnx.checker.check_model(proto, full_check=True)
+    example = np.asarray(example, np.float32)
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    error = float(np.abs(session.run(["logits"], {"images": example})[0] - predict(model, example)).max())
+    if not error <= ONNX_SELF_CHECK_ABS:
+        raise RuntimeError(f"jax2onnx export of {config.arch}: onnxruntime differs from JAX by {error:.3g}")
     with atomic_path(path) as tmp:
         onnx.save_model(proto, str(tmp))

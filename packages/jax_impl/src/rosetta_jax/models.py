@@ -147,7 +147,8 @@ def create(config: ModelConfig) -> Model:
         if config.arch == "mlp":
             model = MLP(height, width, a.mlp.hidden, config.num_classes, rngs=rngs)
         elif config.arch == "cnn":
-            model = CNN(height, width, a.cnn.conv1_filters, a.cnn.conv2_filters, config.num_classes, rngs=rngs)
+            model = CNN(height, width, a.cnn.conv1_filters, a.cnn.conv2_filters, config.num_classes,
+                        rngs=rngs)
         elif config.arch == "attention":
             t = a.attention
             model = AttentionClassifier(height, width, t.embed_dim, t.num_heads, t.mlp_dim, t.layer_norm_eps,

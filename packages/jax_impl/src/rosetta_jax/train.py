@@ -24,7 +24,6 @@ from rosetta_common.interface import TrainResult
 from rosetta_common.optim import adam_bias_corrections
 from rosetta_common.seeding import seed_everything
 from rosetta_common.spec import AdamSpec, SGDSpec, Spec
-
 from rosetta_jax.models import Model
 
 
@@ -62,8 +61,8 @@ def torch_adam(spec: AdamSpec, num_steps: int) -> optax.GradientTransformation:
     bc2_sqrts = np.array([bc2_sqrt for _, bc2_sqrt in corrections], np.float32)
 
     def init(params: optax.Params) -> TorchAdamState:
-        zeros = jax.tree.map(jnp.zeros_like, params)
-        return TorchAdamState(jnp.zeros([], jnp.int32), zeros, jax.tree.map(jnp.zeros_like, params))
+        return TorchAdamState(jnp.zeros([], jnp.int32), jax.tree.map(jnp.zeros_like, params),
+                              jax.tree.map(jnp.zeros_like, params))
 
     def update(grads: optax.Updates, state: TorchAdamState, params: optax.Params | None = None
                ) -> tuple[optax.Updates, TorchAdamState]:
@@ -92,13 +91,14 @@ def loss_fn(model: Model, images: jax.Array, labels: jax.Array) -> jax.Array:
     return optax.softmax_cross_entropy_with_integer_labels(model(images), labels).mean()
 
 
-StepFn = Callable[[nnx.State, optax.OptState, jax.Array, jax.Array], tuple[nnx.State, optax.OptState, jax.Array]]
+StepOut = tuple[nnx.State, optax.OptState, jax.Array]
+StepFn = Callable[[nnx.State, optax.OptState, jax.Array, jax.Array], StepOut]
 
 
 def make_train_step(graphdef: nnx.GraphDef[Any], tx: optax.GradientTransformation) -> StepFn:
     @jax.jit
     def train_step(params: nnx.State, opt_state: optax.OptState, images: jax.Array, labels: jax.Array
-                   ) -> tuple[nnx.State, optax.OptState, jax.Array]:
+                   ) -> StepOut:
         loss, grads = jax.value_and_grad(lambda p: loss_fn(nnx.merge(graphdef, p), images, labels))(params)
         updates, opt_state = tx.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
@@ -110,6 +110,7 @@ def train(model: Model, arch: str, spec: Spec, data: Dataset) -> tuple[Model, Tr
     """Train in place with the spec's optimizer; returns the model and every step's loss."""
     if arch != model.config.arch:
         raise ValueError(f"train: arch {arch!r} but the model is {model.config.arch!r}")
+    spec = spec.for_model(arch)  # a learning rate may be given per model
     steps_per_epoch = len(epoch_batches(len(data.train_labels), spec.train.batch_size, spec.seed, 0))
     tx = make_optimizer(spec, spec.train.epochs * steps_per_epoch)
     graphdef, params = nnx.split(model, nnx.Param)  # every state of these models is a Param

@@ -18,7 +18,6 @@ from flax import nnx
 
 from rosetta_common.spec import Spec
 from rosetta_common.weights import Weights, canonical_shapes, check_weights
-
 from rosetta_jax.models import Model, ModelConfig, create
 
 

@@ -1,0 +1,81 @@
+"""Stage `bench@<framework>-<model>`: inference latency of the trained model, natively and in ONNX Runtime.
+
+Runs inside the framework's environment (onnxruntime is installed in each). Loads the trained weights
+through the backend (build + predict, as the pipeline uses them) and model.onnx into an ONNX Runtime
+session with the same number of intra-op threads, then times both (benchmarks/latency.py).
+Writes reports/latency/<model>/<framework>.json; the report stage shows it. Numbers, not checks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from benchmarks import latency
+from pipelines import paths
+from pipelines.stages import StageError, check_model, stage_main
+from pipelines.stages.backend import MODULES, load_backend
+from rosetta_common.data import load_prepared
+from rosetta_common.io import write_json
+from rosetta_common.spec import load_spec
+from rosetta_common.weights import load_weights
+
+VERSIONS = {
+    "torch": ["torch"],
+    "tf": ["tensorflow", "tensorflow-cpu", "keras"],
+    "jax": ["jax", "jaxlib", "flax"],
+}
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("framework", choices=list(MODULES))
+    parser.add_argument("model")
+    args = parser.parse_args(argv)
+    fw, arch = args.framework, args.model
+    started = time.perf_counter()
+
+    spec = load_spec(paths.PARAMS)
+    check_model(spec, arch)
+    for path in (paths.trained_weights(arch, fw), paths.onnx_model(arch, fw)):
+        if not path.is_file():
+            raise StageError(f"{path}: missing; run the train and export stages first (dvc repro)")
+    backend = load_backend(fw, spec.seed)
+    images = load_prepared(paths.PREPARED).test_images
+    model = backend.build(arch, spec, load_weights(paths.trained_weights(arch, fw)))
+
+    threads = latency.framework_threads(fw)
+    ort_threads = threads["intra_op"] or latency.available_cores()
+    session = latency.onnx_session(paths.onnx_model(arch, fw), ort_threads)
+    settings = latency.Settings()
+    ready = time.perf_counter()
+    results = latency.measure(lambda x: backend.predict(model, x), latency.onnx_predict(session), images, settings)
+    measured = time.perf_counter()
+
+    write_json(
+        latency.record_path(arch, fw),
+        {
+            "framework": fw,
+            "model": arch,
+            "native": f"{backend.__name__}.predict (numpy in, numpy out)",
+            "onnx": str(paths.onnx_model(arch, fw)),
+            "results": results,
+            "settings": latency.settings_dict(settings),
+            "environment": latency.environment(threads, ort_threads),
+            "versions": latency.versions([*VERSIONS.get(fw, []), "onnxruntime", "numpy"]),
+            # Framework import, model build and session creation vs the measuring itself.
+            "setup_seconds": ready - started,
+            "measure_seconds": measured - ready,
+        },
+    )
+    summary = ", ".join(
+        f"batch {r['batch']}: native {r['native_median_ms']:.3f} ms, onnx {r['onnx_median_ms']:.3f} ms "
+        f"(x{r['native_over_onnx']:.2f})"
+        for r in results
+    )
+    print(f"bench: {fw}/{arch} {summary}")
+    return 0
+
+
+if __name__ == "__main__":
+    stage_main(main)
