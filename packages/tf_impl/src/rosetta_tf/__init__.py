@@ -4,16 +4,15 @@ import os
 
 # Keras 3 picks its backend on first import; this package is the TensorFlow one.
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # hide TF's INFO banners (oneDNN notice), keep warnings
 
-import keras  # noqa: E402
+import keras
 
 if keras.backend.backend() != "tensorflow":
     raise ImportError(f"rosetta_tf needs KERAS_BACKEND=tensorflow, not {keras.backend.backend()!r}")
 
-from rosetta_tf.export import export_native, export_onnx, load_native, predict  # noqa: E402
-from rosetta_tf.train import configure, train  # noqa: E402
-from rosetta_tf.weights import build, canonical_weights  # noqa: E402
+from rosetta_tf.export import export_native, export_onnx, load_native, predict
+from rosetta_tf.train import configure, train
+from rosetta_tf.weights import build, canonical_weights
 
 FRAMEWORK = "tf"
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +25,21 @@ def _image_spec(model: keras.Model) -> tf.TensorSpec:
     return tf.TensorSpec([None, height, width], tf.float32, name="images")
 
 
+# One traced forward per model. A graph (not an eager call), so predict gets the same graph rewrites as
+# the SavedModel's serve endpoint; a dynamic-batch signature, so no batch size retraces (Keras'
+# predict_on_batch retraces for each new size, and model.predict splits into batches of 32).
+_FORWARDS: weakref.WeakKeyDictionary[keras.Model, Any] = weakref.WeakKeyDictionary()
+
+
+def _forward(model: keras.Model) -> Any:
+    if model not in _FORWARDS:
+        _FORWARDS[model] = tf.function(lambda images: model(images, training=False),
+                                       input_signature=[_image_spec(model)])
+    return _FORWARDS[model]
+
+
 def predict(model: keras.Model, images: np.ndarray) -> np.ndarray:
-    # A direct call, not model.predict: that one splits into batches of 32 and adds per-call overhead.
-    logits = model(tf.convert_to_tensor(np.asarray(images, np.float32)), training=False)
-    return np.asarray(logits, dtype=np.float32)
+    return np.asarray(_forward(model)(tf.convert_to_tensor(np.asarray(images, np.float32))), dtype=np.float32)
 
 
 def export_native(model: keras.Model, out_dir: Path, example: np.ndarray) -> list[Path]:
@@ -35,7 +47,6 @@ def export_native(model: keras.Model, out_dir: Path, example: np.ndarray) -> lis
     with a `serve` endpoint, plus config.json naming them. The caller passes a fresh directory."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    expected = predict(model, example)
     model.save(out_dir / KERAS_FILE)
     model.export(str(out_dir / SAVED_MODEL_DIR), format="tf_saved_model", verbose=False,
                  input_signature=[_image_spec(model)])
@@ -44,7 +55,7 @@ def export_native(model: keras.Model, out_dir: Path, example: np.ndarray) -> lis
         "framework": "tf",
         "architecture": model.name,
         "image_shape": [int(height), int(width)],
-        "num_classes": int(expected.shape[1]),
+        "num_classes": int(model.output_shape[-1]),
         "formats": {"keras": KERAS_FILE, "saved_model": SAVED_MODEL_DIR},
         "versions": {"tensorflow": tf.__version__, "keras": keras.__version__},
     }
@@ -69,6 +80,17 @@ def load_native(out_dir: Path) -> dict[str, Predict]:
     return {"keras": predict_keras, "saved_model": predict_saved_model}
 
 
+def _name_batch_dim(graph: Any) -> None:
+    """tf2onnx calls the dynamic batch dimension "unk__<n>"; call it "batch" (a name only, no behaviour)."""
+    old = graph.input[0].type.tensor_type.shape.dim[0].dim_param
+    if not old:
+        return
+    for info in (*graph.input, *graph.output, *graph.value_info):
+        for dim in info.type.tensor_type.shape.dim:
+            if dim.dim_param == old:
+                dim.dim_param = "batch"
+
+
 def export_onnx(model: keras.Model, path: Path, example: np.ndarray) -> None:
     """tf2onnx.convert.from_function on a tf.function of the model (from_keras fails on Keras 3 models);
     the dict output names the ONNX output "logits", the TensorSpec names the input "images"."""
@@ -83,6 +105,7 @@ def export_onnx(model: keras.Model, path: Path, example: np.ndarray) -> None:
 
     proto, _ = tf2onnx.convert.from_function(serve, input_signature=signature, opset=ONNX_OPSET)
     onnx.checker.check_model(proto)
+    _name_batch_dim(proto.graph)
     names = ([i.name for i in proto.graph.input], [o.name for o in proto.graph.output])
     if names != (["images"], ["logits"]):
         raise RuntimeError(f"tf2onnx named the graph inputs/outputs {names}, expected images/logits")

@@ -67,11 +67,21 @@ class SelfAttention(layers.Layer):
         return {**super().get_config(), "embed_dim": self.embed_dim, "num_heads": self.num_heads}
 
 
+def gelu_exact(x: Any) -> Any:
+    """Exact GELU written as torch's CPU kernel computes it, 0.5 * x * (1 + erf(x / sqrt(2))).
+
+    Not ops.gelu(approximate=False): TF 2.21 lowers that to Erfc, which tf2onnx 1.17 cannot convert.
+    """
+    return 0.5 * x * (1.0 + ops.erf(x * (1.0 / math.sqrt(2.0))))
+
+
 @keras.saving.register_keras_serializable(package=PACKAGE)
 class EncoderBlock(layers.Layer):
     """One pre-norm Transformer encoder block: x + Attn(LN1(x)), then h + fc2(GELU(fc1(LN2(h))))."""
 
-    def __init__(self, embed_dim: int, num_heads: int, mlp_dim: int, layer_norm_eps: float, **kwargs: Any) -> None:
+    def __init__(
+        self, embed_dim: int, num_heads: int, mlp_dim: int, layer_norm_eps: float, **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         self.embed_dim, self.num_heads, self.mlp_dim = embed_dim, num_heads, mlp_dim
         self.layer_norm_eps = layer_norm_eps
@@ -90,8 +100,7 @@ class EncoderBlock(layers.Layer):
 
     def call(self, x: Any) -> Any:
         h = x + self.attn(self.norm1(x))
-        # Exact (erf) GELU, as torch's nn.GELU() default.
-        return h + self.fc2(ops.gelu(self.fc1(self.norm2(h)), approximate=False))
+        return h + self.fc2(gelu_exact(self.fc1(self.norm2(h))))
 
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "embed_dim": self.embed_dim, "num_heads": self.num_heads,

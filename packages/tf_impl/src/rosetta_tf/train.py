@@ -23,7 +23,6 @@ from rosetta_common.data import Dataset, epoch_batches
 from rosetta_common.interface import TrainResult
 from rosetta_common.seeding import seed_everything
 from rosetta_common.spec import AdamSpec, SGDSpec, Spec
-
 from rosetta_tf.models import PACKAGE
 
 
@@ -78,14 +77,14 @@ class TorchAdam(keras.optimizers.Optimizer):
                 "beta_2": self.beta_2, "epsilon": self.epsilon}
 
 
-def make_optimizer(spec: Spec) -> keras.optimizers.Optimizer:
-    opt = spec.optimizer
+def make_optimizer(spec: Spec, arch: str) -> keras.optimizers.Optimizer:
+    opt, lr = spec.optimizer, spec.learning_rate(arch)  # the rate may be given per architecture
     if isinstance(opt, AdamSpec):
-        return TorchAdam(opt.learning_rate, opt.beta1, opt.beta2, opt.epsilon)
+        return TorchAdam(lr, opt.beta1, opt.beta2, opt.epsilon)
     if isinstance(opt, SGDSpec):
         # Keras' v = m*v - lr*g; p += v is torch's b = m*b + g; p -= lr*b for a constant learning rate
         # (tests/test_train.py checks it against rosetta_common.optim.sgd_step).
-        return keras.optimizers.SGD(learning_rate=opt.learning_rate, momentum=opt.momentum)
+        return keras.optimizers.SGD(learning_rate=lr, momentum=opt.momentum)
     raise ValueError(f"optimizer {spec.train.optimizer!r} is unknown; allowed: adam, sgd")
 
 
@@ -151,7 +150,7 @@ def train(model: keras.Model, arch: str, spec: Spec, data: Dataset) -> tuple[ker
     dataset, steps = common_batches(data, spec)
     # jit_compile=False: XLA fuses differently from the other frameworks' kernels (and Keras would
     # switch it on when a GPU is present); steps_per_execution=1 so every step's loss is seen.
-    model.compile(optimizer=make_optimizer(spec), loss=make_loss(), metrics=[StepLoss()],
+    model.compile(optimizer=make_optimizer(spec, arch), loss=make_loss(), metrics=[StepLoss()],
                   jit_compile=False, steps_per_execution=1)
     record = _Record(steps * spec.train.epochs, desc=f"tf {arch}")
     start = time.perf_counter()

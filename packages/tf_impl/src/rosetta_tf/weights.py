@@ -15,7 +15,6 @@ import numpy as np
 
 from rosetta_common.spec import Spec
 from rosetta_common.weights import Weights, canonical_shapes, check_weights
-
 from rosetta_tf import models
 
 
@@ -67,6 +66,15 @@ def infer_shapes(
     cnn's only pin their product (or the pooled size), so there square images are assumed unless the
     caller passes image_shape.
     """
+    try:
+        return _infer_shapes(arch, weights, image_shape)
+    except KeyError as missing:
+        raise ValueError(f"{arch} weights: missing {missing} (needed to infer the image shape)") from None
+
+
+def _infer_shapes(
+    arch: str, weights: Mapping[str, np.ndarray], image_shape: tuple[int, int] | None
+) -> tuple[tuple[int, int], int]:
     num_classes = int(weights["head.bias"].shape[0])
     if image_shape is not None:
         return (int(image_shape[0]), int(image_shape[1])), num_classes
@@ -76,13 +84,13 @@ def infer_shapes(
         pixels = int(weights["hidden.kernel"].shape[0])
         side = math.isqrt(pixels)
         if side * side != pixels:
-            raise ValueError(f"mlp hidden.kernel has {pixels} input rows, not a square image; pass image_shape")
+            raise ValueError(f"mlp hidden.kernel: {pixels} rows: not a square image; pass image_shape")
         return (side, side), num_classes
     if arch == "cnn":
         cells = int(weights["head.kernel"].shape[0]) // int(weights["conv2.bias"].shape[0])
         side = math.isqrt(cells)
         if side * side != cells:
-            raise ValueError(f"cnn head.kernel implies {cells} pooled cells, not a square image; pass image_shape")
+            raise ValueError(f"cnn head.kernel: {cells} pooled cells: not a square; pass image_shape")
         return (2 * side, 2 * side), num_classes  # even sides assumed (digits 8x8, MNIST 28x28)
     raise ValueError(f"architecture {arch!r} is unknown; allowed: mlp, cnn, attention")
 
@@ -96,7 +104,7 @@ def to_native(model: keras.Model, weights: Mapping[str, np.ndarray]) -> None:
 
 
 def from_native(model: keras.Model) -> Weights:
-    return {name: np.array(variable.numpy(), dtype=np.float32) for name, variable in _variables(model).items()}
+    return {name: np.array(var.numpy(), dtype=np.float32) for name, var in _variables(model).items()}
 
 
 def build(

@@ -1,0 +1,65 @@
+"""Shared fixtures: a small spec (fast), learnable random data, and determinism switched on once."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import rosetta_tf
+from rosetta_common.data import Dataset
+from rosetta_common.spec import Spec, parse_spec
+from rosetta_common.weights import Weights, canonical_shapes, random_weights
+
+ARCHS = ("mlp", "cnn", "attention")
+IMAGE_SHAPE = (8, 8)
+NUM_CLASSES = 10
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Keras 3.15's convert_to_numpy calls np.array on TF tensors, which numpy 2.4 flags; not ours to fix.
+    config.addinivalue_line(
+        "filterwarnings", "ignore:__array__ implementation doesn't accept a copy keyword:DeprecationWarning"
+    )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _configured() -> None:
+    rosetta_tf.configure(0)
+
+
+def small_spec(**train: object) -> Spec:
+    return parse_spec({
+        "architecture": {
+            "mlp": {"hidden": 32},
+            "cnn": {"conv1_filters": 4, "conv2_filters": 8},
+            "attention": {"embed_dim": 32, "num_heads": 4, "mlp_dim": 48},
+        },
+        "train": {"epochs": 2, "batch_size": 16, **train},
+    })
+
+
+@pytest.fixture(scope="session")
+def spec() -> Spec:
+    return small_spec()
+
+
+def asymmetric_weights(arch: str, spec: Spec, seed: int, shape: tuple[int, int] = IMAGE_SHAPE) -> Weights:
+    return random_weights(canonical_shapes(arch, spec, shape, NUM_CLASSES), seed)
+
+
+def make_data(n_train: int = 96, n_test: int = 32, shape: tuple[int, int] = IMAGE_SHAPE) -> Dataset:
+    """Noisy copies of one random prototype per class, so a few steps of training can lower the loss."""
+    rng = np.random.default_rng(0)
+    prototypes = rng.random((NUM_CLASSES, *shape), dtype=np.float32)
+
+    def split(n: int) -> tuple[np.ndarray, np.ndarray]:
+        labels = rng.integers(0, NUM_CLASSES, n)
+        noise = rng.normal(0.0, 0.2, (n, *shape)).astype(np.float32)
+        return np.clip(prototypes[labels] + noise, 0.0, 1.0).astype(np.float32), labels.astype(np.int64)
+
+    return Dataset(*split(n_train), *split(n_test))
+
+
+@pytest.fixture(scope="session")
+def data() -> Dataset:
+    return make_data()
