@@ -112,22 +112,23 @@ class AttentionClassifier(nn.Module):
 
 
 def make_module(arch: str, config: dict[str, Any]) -> nn.Module:
-    """A freshly initialised module of `arch` from a plain config (weights.module_config writes it).
+    """A freshly initialised module of `arch` from its config (weights.module_config writes it):
+    {"image_shape": [h, w], "num_classes": n, "architecture": that model's section of the spec}.
 
     The module keeps `arch` and `config`: weights.py needs them to map its weights back to canonical ones,
-    and export.py stores them beside the state dict so that it can be rebuilt without the spec.
+    and export.py stores the config beside the state dict so that the module can be rebuilt without the spec.
     """
-    c = config
+    (height, width), num_classes, a = config["image_shape"], config["num_classes"], config["architecture"]
     if arch == "mlp":
-        model: nn.Module = MLP(c["in_features"], c["hidden"], c["num_classes"])
+        model: nn.Module = MLP(height * width, a["hidden"], num_classes)
     elif arch == "cnn":
-        model = CNN(c["conv1_filters"], c["conv2_filters"], tuple(c["pooled_hw"]), c["num_classes"])
+        model = CNN(a["conv1_filters"], a["conv2_filters"], (height // 2, width // 2), num_classes)
     elif arch == "attention":
-        model = AttentionClassifier(c["height"], c["width"], c["embed_dim"], c["num_heads"], c["mlp_dim"],
-                                    c["layer_norm_eps"], c["num_classes"])
+        model = AttentionClassifier(height, width, a["embed_dim"], a["num_heads"], a["mlp_dim"],
+                                    a["layer_norm_eps"], num_classes)
     else:
         raise ValueError(f"architecture {arch!r} is unknown; allowed: mlp, cnn, attention")
-    model.arch, model.config = arch, dict(config)
+    model.arch, model.config = arch, config
     return model
 
 

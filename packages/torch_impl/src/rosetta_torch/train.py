@@ -18,7 +18,13 @@ from rosetta_torch.models import model_device
 
 
 def configure(seed: int) -> None:
-    """Seed every random source and make every kernel deterministic; call once, before anything else."""
+    """Seed every random source and make every kernel deterministic; call once, before anything else.
+
+    Denormals are not flushed (torch.set_flush_denormal): on digits with params.yaml's settings, 10 and 20
+    epochs gave bitwise the same losses and weights with and without it, no denormal appeared in the
+    weights or Adam's state, and epoch times did not differ; flushing would only add a way to depart from
+    rosetta_common.optim's numpy formulas.
+    """
     seed_everything(seed)
     torch.manual_seed(seed)  # seeds CUDA too
     torch.use_deterministic_algorithms(True)
@@ -29,7 +35,8 @@ def configure(seed: int) -> None:
 
 
 def make_optimizer(params, spec: Spec) -> torch.optim.Optimizer:
-    """torch.optim's Adam / SGD with momentum: these compute rosetta_common.optim's formulas."""
+    """torch.optim's Adam / SGD with momentum: these compute rosetta_common.optim's formulas.
+    `spec` is one model's (Spec.for_model), its learning rate one number."""
     opt = spec.optimizer
     if isinstance(opt, AdamSpec):
         return torch.optim.Adam(params, lr=opt.learning_rate, betas=(opt.beta1, opt.beta2), eps=opt.epsilon)
@@ -38,12 +45,13 @@ def make_optimizer(params, spec: Spec) -> torch.optim.Optimizer:
 
 def train(model: nn.Module, arch: str, spec: Spec, data: Dataset) -> tuple[nn.Module, TrainResult]:
     """Train `model` in place with the spec's optimizer on epoch_batches; returns it (in eval mode) and the losses."""
+    spec = spec.for_model(arch)  # a learning rate may be given per model
     device = model_device(model)
     images = torch.from_numpy(np.ascontiguousarray(data.train_images, np.float32)).to(device)
     labels = torch.from_numpy(np.ascontiguousarray(data.train_labels, np.int64)).to(device)
     batch_size, epochs = spec.train.batch_size, spec.train.epochs
     steps = len(labels) // batch_size
-    optimizer = make_optimizer(model.parameters(), spec)
+    optimizer = make_optimizer(model.parameters(), spec)  # the first one imports torch._dynamo (~3 s), untimed
 
     step_losses: list[float] = []
     epoch_losses: list[float] = []

@@ -6,7 +6,7 @@ Layouts:
 - dense kernel (in, out) -> Linear.weight (out, in): a transpose;
 - conv kernel HWIO -> Conv2d.weight OIHW: kernel.transpose(3, 2, 0, 1);
 - the CNN head: canonical rows follow the (height, width, channel) flatten; torch flattens NCHW as
-  (channel, height, width), so the rows are permuted here (and only here) before the transpose.
+  (channel, height, width), so the rows are permuted here, and only here, before the transpose.
 """
 
 from __future__ import annotations
@@ -34,66 +34,66 @@ def torch_name(name: str) -> str:
     return name
 
 
+def infer_image_shape(arch: str, weights: Mapping[str, np.ndarray]) -> tuple[int, int]:
+    """The image shape the weights imply. Attention weights pin height and width; the mlp's and cnn's pin
+    only their product (or the pooled size), so there square images are assumed: pass image_shape to build
+    for anything else."""
+    try:
+        if arch == "attention":
+            return int(weights["pos_embedding"].shape[0]), int(weights["embed.kernel"].shape[0])
+        if arch == "mlp":
+            cells, what = int(weights["hidden.kernel"].shape[0]), "mlp hidden.kernel: {} rows"
+        elif arch == "cnn":
+            cells = int(weights["head.kernel"].shape[0]) // int(weights["conv2.bias"].shape[0])
+            what = "cnn head.kernel: {} pooled cells per channel"
+        else:
+            raise ValueError(f"architecture {arch!r} is unknown; allowed: mlp, cnn, attention")
+    except KeyError as missing:
+        raise ValueError(f"{arch} weights: names differ from the canonical ones (missing {missing})") from None
+    side = math.isqrt(cells)
+    if side * side != cells:
+        raise ValueError(f"{what.format(cells)}: not a square image; pass image_shape")
+    return (side, side) if arch == "mlp" else (2 * side, 2 * side)  # cnn: even sides (digits 8x8, MNIST 28x28)
+
+
 def module_config(arch: str, spec: Spec, weights: Mapping[str, np.ndarray],
                   image_shape: tuple[int, int] | None = None) -> dict[str, Any]:
-    """Everything models.make_module needs, read from the spec and the weights' shapes.
-
-    Only the CNN cannot read its image shape from the weights alone (its head holds height*width*channels
-    rows); it is taken from `image_shape` when given, else the pooled map is assumed square.
-    """
-    num_classes = int(weights["head.bias"].shape[0])
-    if arch == "mlp":
-        in_features, hidden = weights["hidden.kernel"].shape
-        config = {"in_features": in_features, "hidden": hidden}
-        image = None
-    elif arch == "cnn":
-        c1, c2 = weights["conv1.kernel"].shape[3], weights["conv2.kernel"].shape[3]
-        pooled = weights["head.kernel"].shape[0] // c2
-        if image_shape is not None:
-            pooled_hw = (image_shape[0] // 2, image_shape[1] // 2)
-        else:
-            side = math.isqrt(pooled)
-            if side * side != pooled:
-                raise ValueError(f"cnn head.kernel has {pooled} positions per channel, not a square: "
-                                 "pass image_shape to build")
-            pooled_hw = (side, side)
-        config = {"conv1_filters": c1, "conv2_filters": c2, "pooled_hw": list(pooled_hw)}
-        image = (pooled_hw[0] * 2, pooled_hw[1] * 2)
-    elif arch == "attention":
-        a = spec.architecture.attention
-        (height, embed_dim), width = weights["pos_embedding"].shape, weights["embed.kernel"].shape[0]
-        config = {"height": height, "width": width, "embed_dim": embed_dim, "num_heads": a.num_heads,
-                  "mlp_dim": int(weights["block.mlp.fc1.kernel"].shape[1]), "layer_norm_eps": a.layer_norm_eps}
-        image = (height, width)
-    else:
+    """models.make_module's config, after checking the weights against the canonical names and shapes."""
+    if arch not in ("mlp", "cnn", "attention"):
         raise ValueError(f"architecture {arch!r} is unknown; allowed: mlp, cnn, attention")
-    config["num_classes"] = num_classes
-    if image is not None:  # the spec and the weights must agree on every shape
-        check_weights(weights, canonical_shapes(arch, spec, image, num_classes), f"{arch} weights")
-    return config
+    shape = tuple(image_shape) if image_shape is not None else infer_image_shape(arch, weights)
+    num_classes = int(weights["head.bias"].shape[0]) if "head.bias" in weights else 0
+    check_weights(weights, canonical_shapes(arch, spec, shape, num_classes), f"{arch} weights")
+    return {"image_shape": list(shape), "num_classes": num_classes,
+            "architecture": getattr(spec.architecture, arch).model_dump()}
 
 
-def _cnn_head_rows(config: Mapping[str, Any]) -> tuple[int, int, int]:
-    height, width = config["pooled_hw"]
-    return height, width, config["conv2_filters"]
+def canonical_order(arch: str, config: Mapping[str, Any]) -> list[str]:
+    spec = Spec.model_validate({"architecture": {arch: config["architecture"]}})
+    return list(canonical_shapes(arch, spec, tuple(config["image_shape"]), config["num_classes"]))
+
+
+def _cnn_head_cells(config: Mapping[str, Any]) -> tuple[int, int, int]:
+    (height, width), channels = config["image_shape"], config["architecture"]["conv2_filters"]
+    return height // 2, width // 2, channels
 
 
 def to_torch_layout(arch: str, name: str, value: np.ndarray, config: Mapping[str, Any]) -> np.ndarray:
-    """One canonical array in torch's layout (under torch_name(name))."""
+    """One canonical array in torch's layout (the tensor torch_name(name) holds)."""
     if arch == "cnn" and name == "head.kernel":
-        h, w, c = _cnn_head_rows(config)
-        value = value.reshape(h, w, c, -1).transpose(2, 0, 1, 3).reshape(c * h * w, -1)  # rows (h,w,c)->(c,h,w)
+        h, w, c = _cnn_head_cells(config)
+        value = value.reshape(h, w, c, -1).transpose(2, 0, 1, 3).reshape(c * h * w, -1)  # rows (h,w,c) -> (c,h,w)
     if name.endswith(".kernel"):
-        return value.transpose(3, 2, 0, 1) if value.ndim == 4 else value.T  # HWIO -> OIHW, (in,out) -> (out,in)
+        return value.transpose(3, 2, 0, 1) if value.ndim == 4 else value.T  # HWIO -> OIHW; (in,out) -> (out,in)
     return value
 
 
 def from_torch_layout(arch: str, name: str, value: np.ndarray, config: Mapping[str, Any]) -> np.ndarray:
-    """The exact inverse of to_torch_layout: a torch array back in canonical layout."""
+    """The exact inverse of to_torch_layout."""
     if name.endswith(".kernel"):
         value = value.transpose(2, 3, 1, 0) if value.ndim == 4 else value.T
     if arch == "cnn" and name == "head.kernel":
-        h, w, c = _cnn_head_rows(config)
+        h, w, c = _cnn_head_cells(config)
         value = value.reshape(c, h, w, -1).transpose(1, 2, 0, 3).reshape(h * w * c, -1)
     return value
 
@@ -106,33 +106,23 @@ def to_state_dict(arch: str, weights: Mapping[str, np.ndarray], config: Mapping[
     }
 
 
-def canonical_names(model: nn.Module) -> dict[str, str]:
-    """torch parameter name -> canonical name, in the module's order (a LayerNorm's weight is a `scale`)."""
-    names = {}
-    for prefix, module in model.named_modules():
-        for short, _ in module.named_parameters(recurse=False):
-            full = f"{prefix}.{short}" if prefix else short
-            if short == "weight":
-                short = "scale" if isinstance(module, nn.LayerNorm) else "kernel"
-            names[full] = f"{prefix}.{short}" if prefix else short
-    return names
-
-
 def from_state_dict(model: nn.Module, tensors: Mapping[str, torch.Tensor]) -> Weights:
-    """Canonical float32 arrays from tensors keyed like `model`'s parameters (its state dict, or its gradients)."""
+    """Canonical float32 arrays, in canonical order, from tensors keyed like `model`'s parameters
+    (its state dict, or its gradients)."""
     return {
-        name: np.ascontiguousarray(
-            from_torch_layout(model.arch, name, tensors[native].detach().cpu().numpy(), model.config), np.float32)
-        for native, name in canonical_names(model).items()
+        name: np.ascontiguousarray(from_torch_layout(
+            model.arch, name, tensors[torch_name(name)].detach().cpu().numpy(), model.config), np.float32)
+        for name in canonical_order(model.arch, model.config)
     }
 
 
 def build(arch: str, spec: Spec, weights: Mapping[str, np.ndarray],
           image_shape: tuple[int, int] | None = None) -> nn.Module:
-    """The torch module of `arch` holding these canonical weights, on the default device, in eval mode."""
+    """The torch module of `arch` holding (copies of) these canonical weights, on the default device, in
+    eval mode."""
     config = module_config(arch, spec, weights, image_shape)
     model = make_module(arch, config)
-    model.load_state_dict(to_state_dict(arch, weights, config), strict=True)
+    model.load_state_dict(to_state_dict(arch, weights, config), strict=True)  # copies; every name must match
     return model.to(default_device()).eval()
 
 
