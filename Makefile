@@ -4,12 +4,15 @@ VENV := .venv
 BIN := $(CURDIR)/$(VENV)/bin
 export PATH := $(BIN):$(PATH)
 
-.PHONY: setup repro test test-frameworks test-cross lint locks clean-envs
+.PHONY: setup repro test test-frameworks test-cross lint locks clean-envs browser
 
 # The orchestrator's environment (DVC, test tools): no framework in it.
 $(VENV)/.installed: requirements.lock
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --require-hashes -r requirements.lock
+	@# common, from this checkout, for the stages that run here (data, init, report): a path file, no build
+	$(BIN)/python -c "import pathlib, site; pathlib.Path(site.getsitepackages()[0], 'rosetta-common.pth')\
+		.write_text(str(pathlib.Path('packages/common/src').resolve()) + '\n')"
 	touch $@
 
 # Orchestrator plus the four isolated environments (torch, tf, jax, validation), each from its own lock.
@@ -25,7 +28,17 @@ test-frameworks: setup
 	python -m pipelines.runner tf -- python -m pytest -q packages/tf_impl/tests
 	python -m pipelines.runner jax -- python -m pytest -q packages/jax_impl/tests
 
-test-cross: setup
+# Headless Chromium for the report's browser test (Debian's package; browsers cannot be downloaded here).
+browser:
+	@if [ ! -x /usr/bin/chromium ]; then \
+		if [ "$$(id -u)" = 0 ]; then \
+			apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; \
+		else \
+			echo "chromium is missing and we are not root: the report's browser test will be skipped"; \
+		fi; \
+	fi
+
+test-cross: setup browser
 	python -m pytest -q
 
 test: test-frameworks test-cross

@@ -1,39 +1,5 @@
-"""Cross-cutting tests run in the orchestrator environment; they reach the framework environments only
-through the runner, as the pipeline does."""
-
-from __future__ import annotations
-
-import os
-import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "packages/common/src"))
-sys.path.insert(0, str(REPO))
-
-
-def orchestrator_env(**extra: str) -> dict[str, str]:
-    """The orchestrator's interpreter first on PATH (dvc.yaml says `python`), common importable."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "packages/common/src"), str(REPO)])
-    return {**env, **extra}
-
-
-def run_in(env_name: str, code: str, cwd: Path = REPO, **extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pipelines.runner", env_name, "--", "python", "-c", code],
-        cwd=cwd,
-        env=orchestrator_env(**extra),
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-
-
-@pytest.fixture(scope="session")
-def repo() -> Path:
-    return REPO
+# support.py (shared helpers) sits beside the tests; common and pipelines come from this checkout.
+sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).resolve().parents[1] / "packages/common/src")]

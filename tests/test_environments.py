@@ -5,8 +5,8 @@ import re
 
 import pytest
 
-from conftest import REPO, run_in
 from pipelines.runner import ENVIRONMENTS, VARIANTS, lock_path
+from support import REPO, run_in
 
 FRAMEWORK_MODULES = {"torch": "torch", "tf": "tensorflow", "jax": "jax"}
 PROBE = (

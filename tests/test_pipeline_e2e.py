@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import yaml
 
-from conftest import REPO, orchestrator_env
 from pipelines.runner import envs_dir
+from support import REPO, orchestrator_env
 
 MODELS = ["mlp", "cnn", "attention"]
 FRAMEWORKS = ["torch", "tf", "jax"]
@@ -74,7 +74,8 @@ def pipeline(tmp_path_factory):
 def test_first_repro_runs_every_stage(pipeline):
     _, _, output = pipeline
     expected = {"data", "validate"} | {f"init@{m}" for m in MODELS}
-    expected |= {f"{s}@{f}-{m}" for s in ("train", "export") for f in FRAMEWORKS for m in MODELS}
+    expected |= {f"{s}@{f}-{m}" for s in ("train", "export", "bench") for f in FRAMEWORKS for m in MODELS}
+    expected |= {"report"}
     assert ran_stages(output) == expected
 
 
@@ -171,4 +172,5 @@ def test_editing_torch_package_reruns_only_torch_and_downstream(pipeline):
     ran = ran_stages(result.stdout)
     torch_stages = {f"{s}@torch-{m}" for s in ("train", "export") for m in MODELS}
     assert torch_stages <= ran
-    assert ran <= torch_stages | {"validate"}
+    downstream = {f"bench@torch-{m}" for m in MODELS} | {"validate", "report"}
+    assert ran <= torch_stages | downstream

@@ -5,8 +5,8 @@ import sys
 
 import pytest
 
-from conftest import REPO, orchestrator_env
 from pipelines import runner
+from support import REPO, orchestrator_env
 
 
 def test_unchanged_lock_reuses_environment_without_running_anything(monkeypatch):

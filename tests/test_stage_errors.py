@@ -6,7 +6,7 @@ import sys
 import pytest
 import yaml
 
-from conftest import REPO, orchestrator_env
+from support import REPO, orchestrator_env
 
 
 def run_stage(cwd, *args):

@@ -8,9 +8,9 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from conftest import ARCHS, IMAGE_SHAPE, NUM_CLASSES, asymmetric_weights
 
 import rosetta_tf
-from conftest import ARCHS, IMAGE_SHAPE, NUM_CLASSES, asymmetric_weights
 from rosetta_common.metrics import max_abs_diff
 from rosetta_common.spec import Spec
 

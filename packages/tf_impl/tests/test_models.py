@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import ARCHS, IMAGE_SHAPE, NUM_CLASSES, asymmetric_weights
 
 import rosetta_tf
-from conftest import ARCHS, IMAGE_SHAPE, NUM_CLASSES, asymmetric_weights
 from rosetta_common.metrics import max_abs_diff
 from rosetta_common.reference import forward
 from rosetta_common.spec import Spec

@@ -1,0 +1,1 @@
+"""Measuring code (latency), run by DVC stages; its numbers are reported, never asserted by tests."""

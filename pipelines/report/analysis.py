@@ -1,0 +1,203 @@
+"""Tables and judgements derived from the collected inputs, independent of how they are rendered."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipelines.report.collect import Inputs
+
+REFERENCE = "reference"  # the float64 numpy forward of rosetta_common.reference
+
+
+@dataclass
+class Failure:
+    model: str
+    framework: str
+    check: str
+    value: float | None
+    tolerance: float | None
+    by: str  # how far from passing, in words
+    detail: str = ""
+
+
+@dataclass
+class Verdict:
+    status: str  # "passed" | "failed" | "not validated"
+    checks: int
+    failures: list[Failure] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def headline(self) -> str:
+        if self.status == "passed":
+            return f"PASSED: all {self.checks} checks passed."
+        if self.status == "failed":
+            return f"FAILED: {len(self.failures)} of {self.checks} checks failed."
+        return "NOT VALIDATED: reports/validation.json is missing or unreadable."
+
+
+def shortfall(value: float | None, tolerance: float | None, detail: str = "") -> str:
+    """How far a failed check is from passing: a ratio for an error bound, points for a minimum."""
+    if value is None or tolerance is None:
+        return detail or "no value: the check could not be computed"
+    if value < tolerance:  # a minimum (min_test_accuracy): the value had to reach the tolerance
+        return f"{value:.4g} < required {tolerance:.4g} (short by {tolerance - value:.3g})"
+    if tolerance == 0:
+        return f"{value:.3g} where exactly 0 is required"
+    return f"{value:.3g} > tolerance {tolerance:.3g} ({value / tolerance:.3g}x the tolerance)"
+
+
+def verdict(inputs: Inputs) -> Verdict:
+    report = inputs.validation
+    if not report or "checks" not in report:
+        return Verdict("not validated", 0, problems=inputs.problems)
+    rows = report["checks"]
+    failures = [
+        Failure(
+            r["model"],
+            r["framework"],
+            r["check"],
+            r.get("max_abs_err"),
+            r.get("tolerance"),
+            shortfall(r.get("max_abs_err"), r.get("tolerance"), r.get("detail", "")),
+            r.get("detail", ""),
+        )
+        for r in rows
+        if not r.get("passed")
+    ]
+    # A report whose own flag disagrees with its rows is treated as failed: never claim more than the rows say.
+    status = "passed" if report.get("passed") and not failures else "failed"
+    return Verdict(status, len(rows), failures, inputs.problems)
+
+
+def check_rows(inputs: Inputs, model: str) -> list[dict[str, Any]]:
+    return [r for r in (inputs.validation or {}).get("checks", []) if r.get("model") == model]
+
+
+@dataclass
+class ParityMatrix:
+    labels: list[str]
+    values: list[list[float]]  # NaN where there is no figure (diagonal, or a check that did not run)
+    passed: list[list[bool | None]]
+    tolerance: float
+
+
+def forward_parity(inputs: Inputs, model: str) -> ParityMatrix:
+    """Pairwise max abs differences of the init.onnx forwards (shared weights) plus each vs the reference."""
+    labels = [REFERENCE, *inputs.frameworks]
+    index = {name: i for i, name in enumerate(labels)}
+    n = len(labels)
+    values = [[math.nan] * n for _ in range(n)]
+    passed: list[list[bool | None]] = [[None] * n for _ in range(n)]
+    tolerance = inputs.spec.tolerances.forward_parity_abs
+    for row in check_rows(inputs, model):
+        if row["check"] == "forward_parity_init_onnx":
+            pair = row["framework"].split("|")
+        elif row["check"] == "init_onnx_vs_reference":
+            pair = [REFERENCE, row["framework"]]
+        else:
+            continue
+        if len(pair) != 2 or not all(p in index for p in pair):
+            continue
+        i, j = index[pair[0]], index[pair[1]]
+        value = row.get("max_abs_err")
+        for a, b in ((i, j), (j, i)):
+            values[a][b] = math.nan if value is None else float(value)
+            passed[a][b] = bool(row.get("passed"))
+        if row.get("tolerance") is not None:
+            tolerance = float(row["tolerance"])  # the one it was judged against
+    return ParityMatrix(labels, values, passed, tolerance)
+
+
+# training_parity figure -> (check it was judged by, tolerance field in params.yaml); None: a figure only.
+TRAINING_FIGURES: list[tuple[str, str, str | None, str | None]] = [
+    ("step1_loss_rel", "step-1 loss, rel", "train_step1_loss_rel", "step1_loss_rel"),
+    ("first_epoch_loss_max_rel", "first-epoch losses, max rel", "train_first_epoch_loss_rel", "first_epoch_loss_rel"),
+    ("test_loss_rel", "test loss, rel", "test_loss_rel", "test_loss_rel"),
+    ("test_accuracy_diff_points", "test accuracy, points", "test_accuracy_points", "test_accuracy_points"),
+    ("all_steps_loss_max_rel", "all step losses, max rel", None, None),
+    ("final_weights_max_abs", "final weights, max abs", None, None),
+]
+
+
+@dataclass
+class Cell:
+    value: float | None
+    tolerance: float | None = None
+    passed: bool | None = None
+
+
+def training_parity(inputs: Inputs, model: str) -> list[dict[str, Any]]:
+    """One row per pair of frameworks: each figure with the tolerance and verdict of the check that used it."""
+    rows_by_key = {(r["framework"], r["check"]): r for r in check_rows(inputs, model)}
+    table = []
+    for fig in (inputs.validation or {}).get("training_parity", []):
+        if fig.get("model") != model:
+            continue
+        cells = {}
+        for key, _, check, tol_field in TRAINING_FIGURES:
+            row = rows_by_key.get((fig["frameworks"], check)) if check else None
+            tolerance = row.get("tolerance") if row else None
+            if tolerance is None and tol_field:
+                tolerance = getattr(inputs.spec.tolerances, tol_field)
+            cells[key] = Cell(fig.get(key), tolerance, bool(row["passed"]) if row else None)
+        table.append({"pair": fig["frameworks"], "optimizer": fig.get("optimizer", ""), "cells": cells})
+    return table
+
+
+def run_rows(inputs: Inputs, model: str) -> list[dict[str, Any]]:
+    """Per framework: size, quality, training speed and export time of one model."""
+    rows = []
+    for fw in inputs.frameworks:
+        run = inputs.run(model, fw)
+        m, e = run.metrics or {}, run.export or {}
+        rows.append(
+            {
+                "framework": fw,
+                "parameters": m.get("parameters"),
+                "test_accuracy": m.get("test_accuracy"),
+                "test_loss": m.get("test_loss"),
+                "final_train_loss": m.get("final_train_loss"),
+                "train_seconds": m.get("train_seconds"),
+                "samples_per_second": m.get("samples_per_second"),
+                "native_export_seconds": e.get("native_export_seconds"),
+                "onnx_export_seconds": e.get("onnx_export_seconds"),
+                "native_formats": ", ".join(sorted(e.get("native_roundtrip_max_abs", {}))),
+            }
+        )
+    return rows
+
+
+def op_table(inputs: Inputs, model: str, file: str = "model.onnx") -> tuple[list[str], list[dict[str, Any]]]:
+    """Op types (most used first) x frameworks: what each converter emits for the same model."""
+    counts = {fw: inputs.run(model, fw).onnx.get(file) for fw in inputs.frameworks}
+    total: dict[str, int] = {}
+    for summary in counts.values():
+        for op, n in (summary.ops if summary else {}).items():
+            total[op] = total.get(op, 0) + n
+    ops = sorted(total, key=lambda op: (-total[op], op))
+    rows = [{"op": op, **{fw: (s.ops.get(op, 0) if s else None) for fw, s in counts.items()}} for op in ops]
+    return ops, rows
+
+
+def latency_rows(inputs: Inputs, model: str) -> list[dict[str, Any]]:
+    rows = []
+    for fw in inputs.frameworks:
+        record = inputs.run(model, fw).latency
+        if not record:
+            continue
+        threads = record.get("environment", {}).get("threads", {})
+        fw_threads = threads.get("framework", {})
+        for result in record.get("results", []):
+            rows.append(
+                {
+                    "framework": fw,
+                    **result,
+                    # None: the framework sizes its pool itself (one thread per core), see the record's "source".
+                    "framework_threads": fw_threads.get("intra_op") or "auto",
+                    "onnx_threads": threads.get("onnxruntime", {}).get("intra_op"),
+                }
+            )
+    return rows
