@@ -17,7 +17,7 @@ def test_learning_rate_per_model_or_one_number():
     spec = parse_spec({"optimizers": {"sgd": {"learning_rate": 0.02}}, "train": {"optimizer": "sgd"}})
     assert spec.learning_rate("mlp") == spec.learning_rate("attention") == 0.02
     resolved = Spec().for_model("cnn")
-    assert resolved.optimizer.learning_rate == 3e-3 and resolved.optimizers.sgd.learning_rate == 0.1
+    assert resolved.optimizer.learning_rate == 3e-3 and resolved.optimizers.sgd.learning_rate == 0.03
     with pytest.raises(SpecError, match="gives no rate for attention"):
         parse_spec({"optimizers": {"adam": {"learning_rate": {"mlp": 0.1, "cnn": 0.1}}}})
 

@@ -89,7 +89,7 @@ class AdamSpec(_Section):
 
 
 class SGDSpec(_Section):
-    learning_rate: LearningRate = {"mlp": 0.1, "cnn": 0.1, "attention": 0.005}
+    learning_rate: LearningRate = {"mlp": 0.05, "cnn": 0.03, "attention": 0.005}
     momentum: Annotated[float, Field(ge=0, lt=1)] = 0.9
 
 
