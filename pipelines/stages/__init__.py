@@ -3,6 +3,7 @@ outputs atomically, so a failed stage leaves nothing half-written behind."""
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Callable
 
@@ -31,3 +32,20 @@ def check_model(spec: Spec, model: str) -> None:
         raise SpecError(
             f"params.yaml: models = {list(spec.models)}: does not list {model!r}, which this stage was asked to run"
         )
+
+
+
+def framework_stage_args(argv: list[str], doc: str) -> tuple[str, str, Spec]:
+    """Parse `<framework> <model>` for a per-framework stage and load params.yaml, which is validated
+    (models included) before the stage writes anything."""
+    from pipelines import paths
+    from pipelines.stages.backend import MODULES
+    from rosetta_common.spec import load_spec
+
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("framework", choices=list(MODULES))
+    parser.add_argument("model")
+    args = parser.parse_args(argv)
+    spec = load_spec(paths.PARAMS)
+    check_model(spec, args.model)
+    return args.framework, args.model, spec

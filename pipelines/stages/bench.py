@@ -8,16 +8,14 @@ Writes reports/latency/<model>/<framework>.json; the report stage shows it. Numb
 
 from __future__ import annotations
 
-import argparse
 import time
 
 from benchmarks import latency
 from pipelines import paths
-from pipelines.stages import StageError, check_model, stage_main
-from pipelines.stages.backend import MODULES, load_backend
+from pipelines.stages import StageError, framework_stage_args, stage_main
+from pipelines.stages.backend import load_backend
 from rosetta_common.data import load_prepared
 from rosetta_common.io import write_json
-from rosetta_common.spec import load_spec
 from rosetta_common.weights import load_weights
 
 VERSIONS = {
@@ -28,15 +26,9 @@ VERSIONS = {
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("framework", choices=list(MODULES))
-    parser.add_argument("model")
-    args = parser.parse_args(argv)
-    fw, arch = args.framework, args.model
     started = time.perf_counter()
+    fw, arch, spec = framework_stage_args(argv, __doc__)
 
-    spec = load_spec(paths.PARAMS)
-    check_model(spec, arch)
     for path in (paths.trained_weights(arch, fw), paths.onnx_model(arch, fw)):
         if not path.is_file():
             raise StageError(f"{path}: missing; run the train and export stages first (dvc repro)")

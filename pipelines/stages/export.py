@@ -3,30 +3,21 @@ the validate stage compares ONNX Runtime against (it has no framework of its own
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import numpy as np
 
 from pipelines import paths
-from pipelines.stages import check_model, stage_main
-from pipelines.stages.backend import MODULES, load_backend
+from pipelines.stages import framework_stage_args, stage_main
+from pipelines.stages.backend import load_backend
 from rosetta_common.data import load_prepared
 from rosetta_common.io import atomic_path, write_json
 from rosetta_common.metrics import max_abs_diff
-from rosetta_common.spec import load_spec
 from rosetta_common.weights import load_weights
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("framework", choices=list(MODULES))
-    parser.add_argument("model")
-    args = parser.parse_args(argv)
-    fw, arch = args.framework, args.model
-
-    spec = load_spec(paths.PARAMS)  # validates params.yaml (models included) before anything is written
-    check_model(spec, arch)
+    fw, arch, spec = framework_stage_args(argv, __doc__)
     backend = load_backend(fw, spec.seed)
     data = load_prepared(paths.PREPARED)
     batch = data.validation_batch(spec.export.validation_batch_size)
