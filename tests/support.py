@@ -5,9 +5,12 @@ one too, and `from conftest import` would pick whichever pytest loaded last.)"""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "packages/common/src"))
@@ -32,3 +35,37 @@ def run_in(env_name: str, code: str, cwd: Path = REPO, **extra: str) -> subproce
         check=False,
     )
 
+
+
+# Params small enough for a whole-pipeline test: every stage and check runs, in minutes.
+TINY = {
+    "train": {"epochs": 2, "batch_size": 32, "optimizer": "adam"},
+    "architecture": {"attention": {"embed_dim": 32, "num_heads": 4, "mlp_dim": 32}},
+    "quality": {"min_test_accuracy": {"mlp": 0.5, "cnn": 0.5, "attention": 0.3}},
+    "export": {"validation_batch_size": 16, "parity_batch_sizes": [1, 7, 1024]},
+}
+
+
+def merge(base: dict, override: dict) -> dict:
+    out = dict(base)
+    for key, value in override.items():
+        out[key] = merge(base.get(key, {}), value) if isinstance(value, dict) else value
+    return out
+
+
+def copy_repo(root: Path, env: dict[str, str]) -> None:
+    """This checkout as the user sees it (tracked and untracked, not ignored) in `root`, with TINY params,
+    committed to a fresh git repository (DVC wants one)."""
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        cwd=REPO, capture_output=True, text=True, check=True,
+    ).stdout.split("\0")
+    for rel in filter(None, listed):
+        if (REPO / rel).is_file():
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / rel, root / rel)
+    params = merge(yaml.safe_load((REPO / "params.yaml").read_text()), TINY)
+    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    git = ["git", "-c", "user.name=rosetta", "-c", "user.email=rosetta@localhost"]
+    for cmd in (["git", "init", "-q"], [*git, "add", "-A"], [*git, "commit", "-qm", "copy"]):
+        subprocess.run(cmd, cwd=root, env=env, check=True, capture_output=True)

@@ -20,11 +20,10 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from pipelines import containers, runner
 from pipelines.containers import Engine
-from support import REPO, orchestrator_env
+from support import REPO, copy_repo, orchestrator_env
 
 RECIPES = sorted((REPO / "containers").glob("*.Dockerfile"))
 UID, GID = 4242, 4343
@@ -302,28 +301,11 @@ def test_image_runs_as_non_root_and_imports_its_framework(engine, images, env):
 
 @pytest.fixture(scope="module")
 def pipeline(engine, images):
-    from test_pipeline_e2e import TINY, merge  # the same tiny params as the local end-to-end test
-
     work = Path(tempfile.mkdtemp(prefix="rosetta-containers-"))
     try:
         root = work / "repo"
-        listed = subprocess.run(
-            ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.split("\0")
-        for rel in filter(None, listed):
-            if (REPO / rel).is_file():
-                (root / rel).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(REPO / rel, root / rel)
-        params = merge(yaml.safe_load((REPO / "params.yaml").read_text()), TINY)
-        (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
         env = orchestrator_env(ROSETTA_RUNTIME="container", ROSETTA_VARIANT="cpu", HOME=str(work / "home"))
-        git = ["git", "-c", "user.name=rosetta", "-c", "user.email=rosetta@localhost"]
-        for cmd in (["git", "init", "-q"], [*git, "add", "-A"], [*git, "commit", "-qm", "copy"]):
-            subprocess.run(cmd, cwd=root, env=env, check=True, capture_output=True)
+        copy_repo(root, env)
         (root / ".dvc/config.local").write_text(f"[core]\n    site_cache_dir = {work / 'dvc-site'}\n")
         (work / "home").mkdir()
         started = time.monotonic()

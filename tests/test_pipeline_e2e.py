@@ -5,32 +5,17 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
 
 from pipelines.runner import envs_dir
-from support import REPO, orchestrator_env
+from support import TINY, copy_repo, orchestrator_env
 
 MODELS = ["mlp", "cnn", "attention"]
 FRAMEWORKS = ["torch", "tf", "jax"]
-TINY = {
-    "train": {"epochs": 2, "batch_size": 32, "optimizer": "adam"},
-    "architecture": {"attention": {"embed_dim": 32, "num_heads": 4, "mlp_dim": 32}},
-    "quality": {"min_test_accuracy": {"mlp": 0.5, "cnn": 0.5, "attention": 0.3}},
-    "export": {"validation_batch_size": 16, "parity_batch_sizes": [1, 7, 1024]},
-}
-
-
-def merge(base: dict, override: dict) -> dict:
-    out = dict(base)
-    for key, value in override.items():
-        out[key] = merge(base.get(key, {}), value) if isinstance(value, dict) else value
-    return out
 
 
 def sh(cmd: list[str], cwd: Path, env: dict[str, str], check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -49,24 +34,8 @@ def ran_stages(output: str) -> set[str]:
 @pytest.fixture(scope="module")
 def pipeline(tmp_path_factory):
     root = tmp_path_factory.mktemp("rosetta") / "repo"
-    listed = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.split("\0")
-    for rel in filter(None, listed):
-        if (REPO / rel).is_file():
-            (root / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(REPO / rel, root / rel)
-    params = merge(yaml.safe_load((REPO / "params.yaml").read_text()), TINY)
-    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     env = orchestrator_env(ROSETTA_ENVS_DIR=str(envs_dir()))
-    git = ["git", "-c", "user.name=rosetta", "-c", "user.email=rosetta@localhost"]
-    sh(["git", "init", "-q"], root, env)
-    sh([*git, "add", "-A"], root, env)
-    sh([*git, "commit", "-qm", "copy"], root, env)
+    copy_repo(root, env)
     first = sh(["dvc", "repro"], root, env)
     return root, env, first.stdout + first.stderr
 
