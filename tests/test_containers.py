@@ -360,3 +360,36 @@ def test_a_stage_runs_as_the_invoking_uid_and_its_files_are_its_own(engine, imag
     assert containers.run("validation", "cpu", ["python", "-c", code]) == 0
     assert (work / "out.txt").read_text() == f"{uid}:{gid} /tmp"
     assert (work / "out.txt").stat().st_uid == uid
+
+
+@integration
+def test_container_figures_equal_local_ones_within_parity_tolerances(pipeline):
+    """The same training stages in the local environments give the container's figures back (same locks, same
+    CPU), judged by the training-parity tolerances. Runs last: it overwrites the container run's outputs."""
+    from rosetta_common.metrics import relative_diff
+    from rosetta_common.spec import load_spec
+
+    root, env, _ = pipeline
+    tol = load_spec(root / "params.yaml").tolerances
+    stages = [f"train@{f}-{m}" for f in ("torch", "tf", "jax") for m in ("mlp", "cnn", "attention")]
+    before = {s: _figures(root, s) for s in stages}
+    local = {**env, "ROSETTA_RUNTIME": "local", "ROSETTA_ENVS_DIR": str(runner.envs_dir())}
+    subprocess.run(
+        ["dvc", "repro", "--force", "--single-item", *stages],
+        cwd=root,
+        env=local,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    for stage in stages:
+        (c_losses, c_metrics), (l_losses, l_metrics) = before[stage], _figures(root, stage)
+        assert relative_diff(c_losses[0], l_losses[0]) <= tol.step1_loss_rel, stage
+        assert relative_diff(c_metrics["test_loss"], l_metrics["test_loss"]) <= tol.test_loss_rel, stage
+        assert 100 * abs(c_metrics["test_accuracy"] - l_metrics["test_accuracy"]) <= tol.test_accuracy_points, stage
+
+
+def _figures(root: Path, stage: str) -> tuple[list[float], dict]:
+    fw, model = stage.removeprefix("train@").split("-")
+    log = json.loads((root / f"artifacts/{model}/{fw}/train_log.json").read_text())
+    return log["step_losses"], json.loads((root / f"metrics/{model}/{fw}.json").read_text())
