@@ -9,11 +9,11 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from jax_testing import ARCHS, IMAGE_SHAPE, NUM_CLASSES
 
 import rosetta_jax
 from rosetta_common.metrics import max_abs_diff
 from rosetta_common.spec import Spec
+from rosetta_common.testing import ARCHS, IMAGE_SHAPE, NUM_CLASSES
 from rosetta_common.weights import canonical_shapes, random_weights
 
 NATIVE_ROUNDTRIP_ABS = 1e-6

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from jax_testing import ARCHS, IMAGE_SHAPE, NUM_CLASSES
 
 import rosetta_jax
 from rosetta_common.metrics import max_abs_diff
 from rosetta_common.reference import forward
 from rosetta_common.spec import Spec
+from rosetta_common.testing import ARCHS, IMAGE_SHAPE, NUM_CLASSES
 from rosetta_common.weights import canonical_shapes, random_weights
 
 FORWARD_PARITY_ABS = 1e-5

@@ -13,7 +13,6 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
-from jax_testing import ARCHS, learnable_data, small_spec
 
 import rosetta_jax
 from rosetta_common.data import Dataset, iterate_batches
@@ -21,6 +20,7 @@ from rosetta_common.metrics import relative_diff, softmax_cross_entropy
 from rosetta_common.optim import adam_step, sgd_step
 from rosetta_common.reference import forward
 from rosetta_common.spec import AdamSpec, Spec
+from rosetta_common.testing import ARCHS, learnable_data, small_spec
 from rosetta_common.weights import init_weights
 from rosetta_jax.train import loss_fn, make_optimizer, torch_adam
 
@@ -133,7 +133,7 @@ def test_training_lowers_loss(arch: str) -> None:
 _CHILD = """
 import sys, numpy as np, rosetta_jax
 sys.path.insert(0, sys.argv[2])
-from jax_testing import learnable_data, small_spec
+from rosetta_common.testing import learnable_data, small_spec
 from rosetta_common.weights import init_weights
 rosetta_jax.configure(0)
 spec, data = small_spec(), learnable_data()

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from flax import nnx
-from jax_testing import ARCHS, IMAGE_SHAPE, NUM_CLASSES
 
 import rosetta_jax
 from rosetta_common.spec import Spec
+from rosetta_common.testing import ARCHS, IMAGE_SHAPE, NUM_CLASSES
 from rosetta_common.weights import canonical_shapes, random_weights
 
 

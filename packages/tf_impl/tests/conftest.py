@@ -7,12 +7,8 @@ import pytest
 
 import rosetta_tf
 from rosetta_common.data import Dataset
-from rosetta_common.spec import Spec, parse_spec
-from rosetta_common.weights import Weights, canonical_shapes, random_weights
-
-ARCHS = ("mlp", "cnn", "attention")
-IMAGE_SHAPE = (8, 8)
-NUM_CLASSES = 10
+from rosetta_common.spec import Spec
+from rosetta_common.testing import IMAGE_SHAPE, NUM_CLASSES, small_spec
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -27,24 +23,9 @@ def _configured() -> None:
     rosetta_tf.configure(0)
 
 
-def small_spec(**train: object) -> Spec:
-    return parse_spec({
-        "architecture": {
-            "mlp": {"hidden": 32},
-            "cnn": {"conv1_filters": 4, "conv2_filters": 8},
-            "attention": {"embed_dim": 32, "num_heads": 4, "mlp_dim": 48},
-        },
-        "train": {"epochs": 2, "batch_size": 16, **train},
-    })
-
-
 @pytest.fixture(scope="session")
 def spec() -> Spec:
     return small_spec()
-
-
-def asymmetric_weights(arch: str, spec: Spec, seed: int, shape: tuple[int, int] = IMAGE_SHAPE) -> Weights:
-    return random_weights(canonical_shapes(arch, spec, shape, NUM_CLASSES), seed)
 
 
 def make_data(n_train: int = 96, n_test: int = 32, shape: tuple[int, int] = IMAGE_SHAPE) -> Dataset:

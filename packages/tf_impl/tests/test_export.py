@@ -8,11 +8,11 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from conftest import ARCHS, IMAGE_SHAPE, NUM_CLASSES, asymmetric_weights
 
 import rosetta_tf
 from rosetta_common.metrics import max_abs_diff
 from rosetta_common.spec import Spec
+from rosetta_common.testing import ARCHS, IMAGE_SHAPE, NUM_CLASSES, asymmetric_weights
 
 NATIVE_ABS = 1e-6  # reloaded native format vs the in-memory model
 ONNX_ABS = 1e-5  # ONNX Runtime vs native predict

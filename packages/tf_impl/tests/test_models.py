@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import ARCHS, IMAGE_SHAPE, NUM_CLASSES, asymmetric_weights
 
 import rosetta_tf
 from rosetta_common.metrics import max_abs_diff
 from rosetta_common.reference import forward
 from rosetta_common.spec import Spec
+from rosetta_common.testing import ARCHS, IMAGE_SHAPE, NUM_CLASSES, asymmetric_weights
 
 FORWARD_ABS = 1e-5  # fp32 forward vs the float64 reference
 

@@ -6,13 +6,13 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import ARCHS, IMAGE_SHAPE, NUM_CLASSES, small_spec
 
 import rosetta_tf
 from rosetta_common.data import Dataset, iterate_batches
 from rosetta_common.metrics import relative_diff
 from rosetta_common.optim import adam_bias_corrections, adam_step, sgd_step
 from rosetta_common.spec import Spec
+from rosetta_common.testing import ARCHS, IMAGE_SHAPE, NUM_CLASSES, small_spec
 from rosetta_common.weights import canonical_shapes, init_weights
 from rosetta_tf.train import make_loss, make_optimizer
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import ARCHS, IMAGE_SHAPE, NUM_CLASSES
 
 import rosetta_tf
 from rosetta_common.spec import Spec
+from rosetta_common.testing import ARCHS, IMAGE_SHAPE, NUM_CLASSES
 from rosetta_common.weights import canonical_shapes, random_weights
 from rosetta_tf.weights import infer_shapes
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from torch_testing import IMAGE_SHAPE, small_spec
 
 import rosetta_torch
 from rosetta_common.spec import Spec
+from rosetta_common.testing import IMAGE_SHAPE, small_spec
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -13,11 +13,11 @@ import onnxruntime as ort
 import pytest
 import torch
 from safetensors import safe_open
-from torch_testing import ARCHS, IMAGE_SHAPE, NUM_CLASSES, asymmetric_weights
 
 import rosetta_torch
 from rosetta_common.metrics import max_abs_diff
 from rosetta_common.spec import Spec
+from rosetta_common.testing import ARCHS, IMAGE_SHAPE, NUM_CLASSES, asymmetric_weights
 from rosetta_torch.export import check_program_has_no_pickle
 
 NATIVE_ROUNDTRIP_ABS = 1e-6

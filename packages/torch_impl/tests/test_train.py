@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from torch_testing import ARCHS, IMAGE_SHAPE, NUM_CLASSES, learnable_data, small_spec
 
 import rosetta_torch
 from rosetta_common.data import Dataset, iterate_batches
@@ -20,6 +19,7 @@ from rosetta_common.metrics import relative_diff, softmax_cross_entropy
 from rosetta_common.optim import adam_step, sgd_step
 from rosetta_common.reference import forward
 from rosetta_common.spec import AdamSpec, SGDSpec, Spec
+from rosetta_common.testing import ARCHS, IMAGE_SHAPE, NUM_CLASSES, learnable_data, small_spec
 from rosetta_common.weights import init_weights
 from rosetta_torch.train import make_optimizer
 from rosetta_torch.weights import from_state_dict
@@ -157,7 +157,7 @@ def test_configure_switches_on_determinism() -> None:
 _CHILD = """
 import sys, numpy as np, rosetta_torch
 sys.path.insert(0, sys.argv[2])
-from torch_testing import learnable_data, small_spec
+from rosetta_common.testing import learnable_data, small_spec
 from rosetta_common.weights import init_weights
 rosetta_torch.configure(0)
 spec, data = small_spec(), learnable_data()

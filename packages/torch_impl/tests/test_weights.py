@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from torch_testing import ARCHS, IMAGE_SHAPE, asymmetric_weights
 
 import rosetta_torch
 from rosetta_common.spec import Spec
+from rosetta_common.testing import ARCHS, IMAGE_SHAPE, asymmetric_weights
 from rosetta_torch.weights import torch_name
 
 

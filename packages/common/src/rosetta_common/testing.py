@@ -1,5 +1,5 @@
-"""Small specs and data for the tests (a uniquely named module, so it cannot collide with another
-package's conftest on sys.path): the real framework on tiny problems keeps the suite fast."""
+"""Small specs, asymmetric weights and learnable data for the framework packages' tests: the same tiny
+problems in all three, so their suites stay fast and can be read side by side."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import numpy as np
 
 from rosetta_common.data import Dataset
 from rosetta_common.spec import Spec, parse_spec
+from rosetta_common.weights import Weights, canonical_shapes, random_weights
 
 ARCHS = ("mlp", "cnn", "attention")
 IMAGE_SHAPE = (8, 8)
@@ -16,12 +17,19 @@ NUM_CLASSES = 10
 def small_spec(**train: object) -> Spec:
     """Small architectures (fast), otherwise params.yaml's defaults; `train` overrides the train section."""
     return parse_spec({
-        "architecture": {"mlp": {"hidden": 32}, "cnn": {"conv1_filters": 4, "conv2_filters": 8},
-                         "attention": {"embed_dim": 32, "num_heads": 4, "mlp_dim": 48}},
+        "architecture": {
+            "mlp": {"hidden": 32},
+            "cnn": {"conv1_filters": 4, "conv2_filters": 8},
+            "attention": {"embed_dim": 32, "num_heads": 4, "mlp_dim": 48},
+        },
         "train": {"epochs": 2, "batch_size": 16, **train},
         # one number for every model, so the optimizer references can take spec.optimizers.* as they are
         "optimizers": {"adam": {"learning_rate": 1e-3}, "sgd": {"learning_rate": 0.05}},
     })
+
+
+def asymmetric_weights(arch: str, spec: Spec, seed: int, shape: tuple[int, int] = IMAGE_SHAPE) -> Weights:
+    return random_weights(canonical_shapes(arch, spec, shape, NUM_CLASSES), seed)
 
 
 def learnable_data(n_train: int = 128, n_test: int = 32, seed: int = 0) -> Dataset:
@@ -29,6 +37,5 @@ def learnable_data(n_train: int = 128, n_test: int = 32, seed: int = 0) -> Datas
     rng = np.random.default_rng(seed)
     images = rng.random((n_train + n_test, *IMAGE_SHAPE), dtype=np.float32)
     projection = rng.normal(size=(IMAGE_SHAPE[0] * IMAGE_SHAPE[1], NUM_CLASSES))
-    labels = (images.reshape(len(images), -1) - 0.5) @ projection
-    labels = labels.argmax(axis=1).astype(np.int64)
+    labels = ((images.reshape(len(images), -1) - 0.5) @ projection).argmax(axis=1).astype(np.int64)
     return Dataset(images[:n_train], labels[:n_train], images[n_train:], labels[n_train:])
