@@ -108,29 +108,20 @@ def test_second_repro_reruns_nothing(pipeline):
     assert json.loads(status.stdout) == {}
 
 
-def test_corrupt_onnx_fails_validation_naming_the_file(pipeline):
+def test_corrupt_or_missing_onnx_fails_validation_naming_the_file(pipeline):
     root, env, _ = pipeline
     target = root / "artifacts/mlp/tf/model.onnx"
     saved = target.read_bytes()
+    validate = ["python", "-m", "pipelines.runner", "validation", "--", "python", "-m", "pipelines.stages.validate"]
     try:
-        target.write_bytes(b"this is not an onnx model")
-        result = sh(
-            ["python", "-m", "pipelines.runner", "validation", "--", "python", "-m", "pipelines.stages.validate"],
-            root,
-            env,
-            check=False,
-        )
-        assert result.returncode != 0
-        assert "artifacts/mlp/tf/model.onnx" in result.stderr
-        target.unlink()
-        result = sh(
-            ["python", "-m", "pipelines.runner", "validation", "--", "python", "-m", "pipelines.stages.validate"],
-            root,
-            env,
-            check=False,
-        )
-        assert result.returncode != 0
-        assert "artifacts/mlp/tf/model.onnx: ONNX file is missing" in result.stderr
+        for damage, message in (
+            (lambda: target.write_bytes(b"this is not an onnx model"), "artifacts/mlp/tf/model.onnx: not a valid ONNX"),
+            (target.unlink, "artifacts/mlp/tf/model.onnx: ONNX file is missing"),
+        ):
+            damage()
+            result = sh(validate, root, env, check=False)
+            assert result.returncode != 0
+            assert message in result.stderr
     finally:
         target.write_bytes(saved)
         sh(["dvc", "checkout", "-q"], root, env, check=False)
