@@ -10,8 +10,9 @@ import re
 import subprocess
 import tomllib
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
+
+from benchmarks.latency import versions
 
 # Worth showing although no member names them directly (they come in through a framework).
 NOTABLE = ("numpy", "keras", "jaxlib", "protobuf")
@@ -97,12 +98,7 @@ def environment_rows(root: Path, envs_dir: Path | None, variant: str = "cpu") ->
                 note="" if python else "environment not built here: Python version unknown",
             )
         )
-    packages = {}
-    for name in ORCHESTRATOR:
-        try:
-            packages[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
+    packages = versions(ORCHESTRATOR)  # the same lookup the bench stage records for each framework
     rows.append(
         EnvironmentRow(
             name="orchestrator (this report)",
