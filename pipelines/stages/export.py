@@ -9,7 +9,7 @@ import numpy as np
 
 from pipelines import paths
 from pipelines.stages import framework_stage_args, stage_main
-from pipelines.stages.backend import load_backend
+from pipelines.stages.backend import load_backend, model_config
 from rosetta_common.data import load_prepared
 from rosetta_common.io import atomic_path, write_json
 from rosetta_common.metrics import max_abs_diff
@@ -21,15 +21,16 @@ def main(argv: list[str]) -> int:
     backend = load_backend(fw, spec.seed)
     data = load_prepared(paths.PREPARED)
     batch = data.validation_batch(spec.export.validation_batch_size)
+    config = model_config(spec, arch, data)
     record: dict[str, object] = {"framework": fw, "model": arch}
 
     # The untrained model, from the shared init: the forward-parity witness.
-    initial = backend.build(arch, spec, load_weights(paths.init_weights(arch)))
+    initial = backend.build(config, load_weights(paths.init_weights(arch), config))
     with atomic_path(paths.init_onnx(arch, fw)) as tmp:
         backend.export_onnx(initial, tmp, batch)
     init_logits = backend.predict(initial, batch)
 
-    model = backend.build(arch, spec, load_weights(paths.trained_weights(arch, fw)))
+    model = backend.build(config, load_weights(paths.trained_weights(arch, fw), config))
     start = time.perf_counter()
     with atomic_path(paths.native_dir(arch, fw)) as tmp:
         files = backend.export_native(model, tmp, batch)

@@ -8,34 +8,34 @@ from __future__ import annotations
 
 from pipelines import paths
 from pipelines.stages import framework_stage_args, stage_main
-from pipelines.stages.backend import load_backend
+from pipelines.stages.backend import load_backend, model_config
 from rosetta_common.data import load_prepared
 from rosetta_common.io import write_json
 from rosetta_common.metrics import accuracy, softmax_cross_entropy
+from rosetta_common.training import plan
 from rosetta_common.weights import count_parameters, load_weights, save_weights
 
 
 def main(argv: list[str]) -> int:
     fw, arch, spec = framework_stage_args(argv, __doc__)
-    spec = spec.for_model(arch)  # learning rates resolved to this model's
     backend = load_backend(fw, spec.seed)
     data = load_prepared(paths.PREPARED)
-    init = load_weights(paths.init_weights(arch))
+    config = model_config(spec, arch, data)
+    train_plan = plan(spec, arch, len(data.train_labels))  # the learning rate resolved for this model, once
 
-    model = backend.build(arch, spec, init)
-    model, result = backend.train(model, arch, spec, data)
+    model = backend.build(config, load_weights(paths.init_weights(arch), config))
+    result = backend.train(model, train_plan, data)
     test_logits = backend.predict(model, data.test_images)
-    trained = backend.canonical_weights(model)
+    trained = backend.to_canonical(model)
 
-    steps = len(result.step_losses)
     save_weights(paths.trained_weights(arch, fw), trained, arch, framework=fw)
     write_json(
         paths.train_log(arch, fw),
         {
             "framework": fw,
             "model": arch,
-            "optimizer": spec.train.optimizer,
-            "steps_per_epoch": steps // spec.train.epochs,
+            "optimizer": train_plan.optimizer_name,
+            "steps_per_epoch": train_plan.steps_per_epoch,
             "step_losses": result.step_losses,
             "epoch_losses": result.epoch_losses,
         },
@@ -45,10 +45,10 @@ def main(argv: list[str]) -> int:
         "test_loss": softmax_cross_entropy(test_logits, data.test_labels),
         "final_train_loss": result.epoch_losses[-1],
         "train_seconds": result.train_seconds,
-        "samples_per_second": steps * spec.train.batch_size / result.train_seconds,
+        "samples_per_second": train_plan.num_steps * train_plan.batch_size / result.train_seconds,
         "parameters": count_parameters(trained),
-        "epochs": spec.train.epochs,
-        "optimizer": spec.train.optimizer,
+        "epochs": train_plan.epochs,
+        "optimizer": train_plan.optimizer_name,
         "epoch_losses": result.epoch_losses,
     }
     write_json(paths.metrics(arch, fw), metrics)

@@ -29,7 +29,7 @@ from rosetta_common.io import read_json, write_json
 from rosetta_common.metrics import accuracy, max_abs_diff, relative_diff
 from rosetta_common.reference import forward
 from rosetta_common.seeding import derive_seed
-from rosetta_common.spec import Spec, TolerancesSpec, load_spec
+from rosetta_common.spec import ModelConfig, Spec, TolerancesSpec, load_spec
 from rosetta_common.weights import load_weights
 
 
@@ -152,10 +152,13 @@ def check_framework(spec: Spec, checks: Checks, arch: str, fw: str, data: Any, b
     return sessions
 
 
-def forward_parity(spec: Spec, checks: Checks, arch: str, sessions: dict[str, dict], batch: np.ndarray) -> None:
+def forward_parity(
+    spec: Spec, checks: Checks, arch: str, sessions: dict[str, dict], batch: np.ndarray, num_classes: int
+) -> None:
     tol = spec.tolerances.forward_parity_abs
-    init = load_weights(paths.init_weights(arch))
-    reference = forward(arch, spec, init, batch)
+    config = ModelConfig.of(spec, arch, batch.shape[1:], num_classes)
+    init = load_weights(paths.init_weights(arch), config)
+    reference = forward(config, init, batch)
     inits = {fw: s["init"] for fw, s in sessions.items() if "init" in s}
     for fw, session in inits.items():
         checks.add(arch, fw, "init_onnx_vs_reference", max_abs_diff(run_onnx(session, batch), reference), tol)
@@ -220,7 +223,7 @@ def main(argv: list[str]) -> int:
                 sessions[fw] = check_framework(spec, checks, arch, fw, data, batch)
             except (OSError, KeyError, ValueError) as error:
                 checks.add(arch, fw, "artifacts_readable", None, None, False, f"{type(error).__name__}: {error}")
-        forward_parity(spec, checks, arch, sessions, batch)
+        forward_parity(spec, checks, arch, sessions, batch, data.num_classes)
         parity += training_parity(spec, checks, arch, list(spec.frameworks), data)
     failures = checks.failures()
     report = {

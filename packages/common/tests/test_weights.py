@@ -1,8 +1,14 @@
+import json
+import subprocess
+import sys
+
 import numpy as np
 import pytest
+from safetensors.numpy import save_file
 
+from rosetta_common.errors import ArtifactError, WeightsError
 from rosetta_common.reference import forward, max_pool2x2
-from rosetta_common.spec import Spec, parse_spec
+from rosetta_common.spec import ARCHITECTURES, ModelConfig, Spec, parse_spec
 from rosetta_common.weights import (
     LAYOUT,
     canonical_shapes,
@@ -17,43 +23,87 @@ from rosetta_common.weights import (
 SMALL = parse_spec({"architecture": {"attention": {"embed_dim": 16, "num_heads": 4, "mlp_dim": 24}}})
 
 
-@pytest.mark.parametrize("arch", ["mlp", "cnn", "attention"])
+def config(arch: str, spec: Spec = SMALL, shape: tuple[int, int] = (8, 8)) -> ModelConfig:
+    return ModelConfig.of(spec, arch, shape, 10)
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_init_is_deterministic_and_matches_canonical_shapes(arch):
-    shapes = canonical_shapes(arch, Spec(), (8, 8), 10)
-    a = init_weights(arch, Spec(), (8, 8), 10, seed=0)
-    b = init_weights(arch, Spec(), (8, 8), 10, seed=0)
-    c = init_weights(arch, Spec(), (8, 8), 10, seed=1)
-    check_weights(a, shapes)
-    assert list(a) == list(shapes)
+    c = config(arch, Spec())
+    a, b, other = init_weights(c, seed=0), init_weights(c, seed=0), init_weights(c, seed=1)
+    check_weights(a, c)
+    assert list(a) == list(canonical_shapes(c))
     assert all(np.array_equal(a[k], b[k]) for k in a)
-    assert any(not np.array_equal(a[k], c[k]) for k in a if k.endswith(".kernel"))
+    assert any(not np.array_equal(a[k], other[k]) for k in a if k.endswith(".kernel"))
     assert all(v.dtype == np.float32 for v in a.values())
 
 
 def test_canonical_layout_conventions():
-    shapes = canonical_shapes("cnn", Spec(), (8, 8), 10)
+    shapes = canonical_shapes(config("cnn", Spec()))
     assert shapes["conv1.kernel"] == (3, 3, 1, 32)  # HWIO
     assert shapes["conv2.kernel"] == (3, 3, 32, 64)
     assert shapes["head.kernel"] == (4 * 4 * 64, 10)  # (h, w, c) flatten after one 2x2 pool
-    assert canonical_shapes("mlp", Spec(), (8, 8), 10)["hidden.kernel"] == (64, 256)  # (in, out)
+    assert canonical_shapes(config("mlp", Spec()))["hidden.kernel"] == (64, 256)  # (in, out)
+    assert canonical_shapes(config("attention", Spec(), (6, 10)))["pos_embedding"] == (6, 512)  # height tokens
+
+
+def test_model_config_is_validated_hashable_and_json():
+    c = config("attention")
+    assert hash(c) == hash(config("attention"))
+    assert ModelConfig.model_validate_json(c.model_dump_json()) == c
+    with pytest.raises(ValueError, match="hidden"):
+        ModelConfig.model_validate({"arch": "cnn", "image_shape": [8, 8], "num_classes": 10, "settings": {"hidden": 3}})
 
 
 def test_safetensors_round_trip_and_metadata(tmp_path):
-    w = random_weights(canonical_shapes("attention", SMALL, (8, 8), 10), seed=3)
+    c = config("attention")
+    w = random_weights(canonical_shapes(c), seed=3)
     save_weights(tmp_path / "w.safetensors", w, "attention", seed="3")
-    back = load_weights(tmp_path / "w.safetensors")
+    back = load_weights(tmp_path / "w.safetensors", c)
     assert all(np.array_equal(back[k], w[k]) for k in w)
     assert read_metadata(tmp_path / "w.safetensors") == {"architecture": "attention", "layout": LAYOUT, "seed": "3"}
 
 
+def test_weights_files_are_byte_identical_across_processes(tmp_path):
+    """safetensors keeps metadata in a hash map: several keys came out in a different order per process."""
+    script = (
+        "import sys, numpy as np; from rosetta_common.weights import save_weights;"
+        "save_weights(sys.argv[1], {'a.kernel': np.ones((2, 3), np.float32)}, 'mlp', seed='0', framework='torch')"
+    )
+    files = [tmp_path / f"{i}.safetensors" for i in range(4)]
+    for f in files:
+        subprocess.run([sys.executable, "-c", script, str(f)], check=True, env={"PYTHONPATH": ":".join(sys.path)})
+    assert len({f.read_bytes() for f in files}) == 1
+
+
+def test_bad_weights_files_are_one_line_errors(tmp_path):
+    c = config("mlp")
+    w = random_weights(canonical_shapes(c), seed=1)
+    save_file(w, str(tmp_path / "tag.safetensors"), metadata={"rosetta": json.dumps({"layout": "other-v0"})})
+    with pytest.raises(WeightsError, match="layout tag 'other-v0'"):
+        load_weights(tmp_path / "tag.safetensors", c)
+    save_weights(tmp_path / "cnn.safetensors", w, "cnn")
+    with pytest.raises(WeightsError, match="architecture 'cnn', expected 'mlp'"):
+        load_weights(tmp_path / "cnn.safetensors", c)
+    (tmp_path / "junk.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(ArtifactError, match=r"junk\.safetensors: not a readable safetensors file"):
+        load_weights(tmp_path / "junk.safetensors", c)
+    with pytest.raises(ArtifactError, match="missing"):
+        load_weights(tmp_path / "absent.safetensors", c)
+
+
 def test_check_weights_names_the_problem():
-    shapes = canonical_shapes("mlp", Spec(), (8, 8), 10)
-    w = init_weights("mlp", Spec(), (8, 8), 10, 0)
-    with pytest.raises(ValueError, match="missing"):
-        check_weights({k: v for k, v in w.items() if k != "head.bias"}, shapes)
+    c = config("mlp", Spec())
+    w = init_weights(c, 0)
+    with pytest.raises(WeightsError, match=r"missing \['head.bias'\]"):
+        check_weights({k: v for k, v in w.items() if k != "head.bias"}, c)
+    with pytest.raises(WeightsError, match="dtype float64"):
+        check_weights({**w, "head.bias": w["head.bias"].astype(np.float64)}, c)
+    with pytest.raises(WeightsError, match=r"head\.bias holds 1 non-finite"):
+        check_weights({**w, "head.bias": np.array([np.inf, *w["head.bias"][1:]], np.float32)}, c)
     w["hidden.kernel"] = w["hidden.kernel"].T
-    with pytest.raises(ValueError, match=r"hidden.kernel has shape \(256, 64\)"):
-        check_weights(w, shapes)
+    with pytest.raises(WeightsError, match=r"hidden.kernel has shape \(256, 64\)"):
+        check_weights(w, c)
 
 
 def test_reference_forward_pieces():
@@ -62,9 +112,10 @@ def test_reference_forward_pieces():
     assert pooled.shape == (2, 2, 2, 3)
     assert pooled[0, 0, 0, 0] == x[0, :2, :2, 0].max()
     images = np.random.default_rng(0).random((3, 8, 8), dtype=np.float32)
-    for arch in ("mlp", "cnn", "attention"):
-        w = random_weights(canonical_shapes(arch, SMALL, (8, 8), 10), seed=1)
-        logits = forward(arch, SMALL, w, images)
+    for arch in ARCHITECTURES:
+        c = config(arch)
+        w = random_weights(canonical_shapes(c), seed=1)
+        logits = forward(c, w, images)
         assert logits.shape == (3, 10) and np.isfinite(logits).all()
         # batch independence: each row depends only on its own image
-        np.testing.assert_allclose(forward(arch, SMALL, w, images[1:2]), logits[1:2], rtol=0, atol=1e-12)
+        np.testing.assert_allclose(forward(c, w, images[1:2]), logits[1:2], rtol=0, atol=1e-12)

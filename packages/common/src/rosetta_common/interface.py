@@ -1,23 +1,57 @@
-"""The one interface every framework package implements (as Keras 3 has one above its backends).
+"""The backend contract: what every framework package provides, in which module, under which name.
 
-`rosetta_torch`, `rosetta_tf` and `rosetta_jax` each expose these names at package level, built from the
-same modules (models.py, weights.py, train.py, export.py). Stage entry points in `pipelines/stages`
-import the package by name and call only these.
+As Keras 3 keeps one interface above `backend/{jax,tensorflow,torch}/`, `rosetta_torch`, `rosetta_tf` and
+`rosetta_jax` each have the same four modules with the same functions and signatures:
+
+- `models.build(config, weights) -> model`: the native model of `config` holding copies of these canonical
+  weights, in inference mode;
+- `models.predict(model, images) -> logits`: float32 (batch, classes) for float32 images (batch, height,
+  width) in [0, 1];
+- `models.model_config(model) -> ModelConfig`: the validated config the model was built from;
+- `weights.from_canonical(model, weights) -> None`: assign canonical weights (names and shapes checked:
+  WeightsError);
+- `weights.to_canonical(model) -> Weights`: the weights in canonical names, order and layout (exact inverse);
+- `train.configure(seed) -> None`: seed the framework and switch on its deterministic mode (call first);
+- `train.make_optimizer(model, optimizer, num_steps)`: the framework's optimizer, computing
+  rosetta_common.optim's formula;
+- `train.apply_optimizer(optimizer, params, grads) -> [Weights]`: that real optimizer run on given
+  gradients; the parameters after each step (what the conformance suite checks against the formula);
+- `train.train(model, plan, data) -> TrainResult`: train in place on the plan's batches in the plan's order,
+  showing progress;
+- `export.export_native(model, out_dir, example) -> [Path]`: the framework's native format(s), no pickle;
+- `export.load_native(out_dir) -> {format: predict}`: reload each native format (ArtifactError if missing
+  or unsafe);
+- `export.export_onnx(model, path, example) -> None`: ONNX with the framework's own converter, meeting
+  rosetta_common.onnx_conventions.
+
+Plus `FRAMEWORK` (the name in params.yaml) at package level. Failures raise the types of
+`rosetta_common.errors`. The package's `__init__` re-exports every name and calls `check_backend`, so a
+package missing a function fails at import, naming it. The conformance suite (`rosetta_common.conformance`)
+runs the same tests against each package.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import importlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Protocol
+from types import ModuleType
+from typing import Any
 
 import numpy as np
 
-from rosetta_common.data import Dataset
-from rosetta_common.spec import Spec
-
 Predict = Callable[[np.ndarray], np.ndarray]
+
+# Framework (as params.yaml names it) -> the Python package implementing the contract for it.
+BACKEND_MODULES = {"torch": "rosetta_torch", "tf": "rosetta_tf", "jax": "rosetta_jax"}
+
+# Module -> the functions it must define (not merely import), in the contract's order.
+CONTRACT: dict[str, tuple[str, ...]] = {
+    "models": ("build", "predict", "model_config"),
+    "weights": ("from_canonical", "to_canonical"),
+    "train": ("configure", "make_optimizer", "apply_optimizer", "train"),
+    "export": ("export_native", "load_native", "export_onnx"),
+}
 
 
 @dataclass
@@ -25,51 +59,29 @@ class TrainResult:
     step_losses: list[float]  # training loss of every step, in order, as the framework computed it
     epoch_losses: list[float]  # mean of each epoch's step losses
     train_seconds: float
+    epoch_seconds: list[float] = field(default_factory=list)  # wall time of each epoch
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-class Backend(Protocol):
-    FRAMEWORK: str
-
-    def configure(self, seed: int) -> None:
-        """Seed the framework and switch on its deterministic mode; call once before anything else."""
-
-    def build(self, arch: str, spec: Spec, weights: Mapping[str, np.ndarray]) -> Any:
-        """The native model of `arch`, holding these canonical weights."""
-
-    def canonical_weights(self, model: Any) -> dict[str, np.ndarray]:
-        """The model's weights in canonical names and layout (exact inverse of build's mapping)."""
-
-    def predict(self, model: Any, images: np.ndarray) -> np.ndarray:
-        """Logits (batch, classes) float32 for images (batch, height, width) float32 in [0, 1]."""
-
-    def train(self, model: Any, arch: str, spec: Spec, data: Dataset) -> tuple[Any, TrainResult]:
-        """Train with the spec's optimizer on common's batches (epoch_batches), showing progress."""
-
-    def export_native(self, model: Any, out_dir: Path, example: np.ndarray) -> list[Path]:
-        """Write the framework's native format(s) into out_dir (no pickle); returns the files written."""
-
-    def load_native(self, out_dir: Path) -> dict[str, Predict]:
-        """Reload each native format written by export_native; format name -> predict function."""
-
-    def export_onnx(self, model: Any, path: Path, example: np.ndarray) -> None:
-        """Write an ONNX model with a dynamic batch dimension, with the framework's own converter."""
+def check_backend(package: ModuleType) -> None:
+    """Raise ImportError naming every contract function `package` lacks, or defines in the wrong module."""
+    problems = []
+    if not isinstance(getattr(package, "FRAMEWORK", None), str):
+        problems.append(f"{package.__name__}.FRAMEWORK")
+    for module, names in CONTRACT.items():
+        where = f"{package.__name__}.{module}"
+        for name in names:
+            function = getattr(package, name, None)
+            if not callable(function):
+                problems.append(f"{where}.{name} (missing)")
+            elif getattr(function, "__module__", None) != where:
+                problems.append(f"{where}.{name} (defined in {function.__module__})")
+    if problems:
+        raise ImportError(f"{package.__name__} does not implement the backend contract: {', '.join(problems)}")
 
 
-REQUIRED = (
-    "FRAMEWORK",
-    "configure",
-    "build",
-    "canonical_weights",
-    "predict",
-    "train",
-    "export_native",
-    "load_native",
-    "export_onnx",
-)
-
-
-def check_backend(module: Any) -> None:
-    missing = [name for name in REQUIRED if not hasattr(module, name)]
-    if missing:
-        raise TypeError(f"{module.__name__} does not implement {', '.join(missing)}")
+def load_backend(framework: str) -> ModuleType:
+    """Import the package for `framework` (its __init__ checks the contract)."""
+    if framework not in BACKEND_MODULES:
+        raise ValueError(f"framework = {framework!r}: unknown; allowed: {', '.join(BACKEND_MODULES)}")
+    return importlib.import_module(BACKEND_MODULES[framework])

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from rosetta_common.spec import Spec
+from rosetta_common.spec import ModelConfig
 
 _erf = np.frompyfunc(math.erf, 1, 1)
 
@@ -40,7 +40,9 @@ def max_pool2x2(x: np.ndarray) -> np.ndarray:
     return x[:, : h2 * 2, : w2 * 2].reshape(b, h2, 2, w2, 2, c).max(axis=(2, 4))
 
 
-def forward(arch: str, spec: Spec, weights: Mapping[str, np.ndarray], images: np.ndarray) -> np.ndarray:
+def forward(config: ModelConfig, weights: Mapping[str, np.ndarray], images: np.ndarray) -> np.ndarray:
+    """Logits in float64 for images (batch, height, width), from canonical weights."""
+    arch = config.arch
     w = {k: np.asarray(v, np.float64) for k, v in weights.items()}
     x = np.asarray(images, np.float64)
     batch = x.shape[0]
@@ -53,7 +55,7 @@ def forward(arch: str, spec: Spec, weights: Mapping[str, np.ndarray], images: np
         h = np.maximum(conv3x3_same(h, w["conv2.kernel"], w["conv2.bias"]), 0.0)
         return h.reshape(batch, -1) @ w["head.kernel"] + w["head.bias"]  # (h, w, c) flatten order
     if arch == "attention":
-        a = spec.architecture.attention
+        a = config.settings
         eps, heads, hd = a.layer_norm_eps, a.num_heads, a.head_dim
         h = x @ w["embed.kernel"] + w["embed.bias"] + w["pos_embedding"]
         tokens = h.shape[1]

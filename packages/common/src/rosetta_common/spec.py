@@ -6,19 +6,23 @@ Bad input becomes one line naming the field, the value and what is allowed (Spec
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from rosetta_common.errors import RosettaError
+
 Architecture = Literal["mlp", "cnn", "attention"]
 Framework = Literal["torch", "tf", "jax"]
+ARCHITECTURES: tuple[str, ...] = get_args(Architecture)
+FRAMEWORKS: tuple[str, ...] = get_args(Framework)
 PositiveInt = Annotated[int, Field(gt=0)]
 PositiveFloat = Annotated[float, Field(gt=0)]
 Probability = Annotated[float, Field(gt=0, lt=1)]
 
 
-class SpecError(ValueError):
+class SpecError(RosettaError, ValueError):
     """A params.yaml problem, phrased as one line for the user."""
 
 
@@ -73,6 +77,44 @@ class ArchitectureSpec(_Section):
     mlp: MLPSpec = MLPSpec()
     cnn: CNNSpec = CNNSpec()
     attention: AttentionSpec = AttentionSpec()
+
+
+ArchitectureSettings = MLPSpec | CNNSpec | AttentionSpec
+_SETTINGS: dict[str, type[_Section]] = {"mlp": MLPSpec, "cnn": CNNSpec, "attention": AttentionSpec}
+
+
+class ModelConfig(_Section):
+    """Everything that shapes one model besides its weights: the architecture, the data's image shape and
+    class count, and that architecture's section of params.yaml. Every framework package records a model's
+    architecture as this one object (frozen and hashable, so JAX can keep it as static data; JSON via
+    pydantic, so native exports can store it). Stages make it from the spec and the prepared data: nothing
+    guesses an image shape from weights."""
+
+    arch: Architecture
+    image_shape: tuple[PositiveInt, PositiveInt]
+    num_classes: Annotated[int, Field(ge=2)]
+    settings: ArchitectureSettings
+
+    @model_validator(mode="before")
+    @classmethod
+    def _settings_of_arch(cls, raw: Any) -> Any:
+        # Validate `settings` as the section of `arch` (a union would accept any section that happens to fit).
+        if isinstance(raw, dict) and raw.get("arch") in _SETTINGS and isinstance(raw.get("settings"), dict):
+            raw = {**raw, "settings": _SETTINGS[raw["arch"]].model_validate(raw["settings"])}
+        return raw
+
+    @model_validator(mode="after")
+    def _settings_match_arch(self) -> ModelConfig:
+        if not isinstance(self.settings, _SETTINGS[self.arch]):
+            raise ValueError(f"settings = {self.settings!r}: not the {self.arch} section")
+        return self
+
+    @classmethod
+    def of(cls, spec: Spec, arch: str, image_shape: tuple[int, int], num_classes: int) -> ModelConfig:
+        if arch not in ARCHITECTURES:
+            raise SpecError(f"architecture = {arch!r}: unknown; allowed: {', '.join(ARCHITECTURES)}")
+        return cls(arch=arch, image_shape=(int(image_shape[0]), int(image_shape[1])),
+                   num_classes=int(num_classes), settings=getattr(spec.architecture, arch))
 
 
 # A learning rate is one number for every architecture, or one per architecture ({mlp: 3e-3, ...}):
@@ -169,25 +211,17 @@ class Spec(_Section):
 
     @property
     def optimizer(self) -> AdamSpec | SGDSpec:
-        """The chosen optimizer's settings; after for_model() its learning_rate is one number."""
+        """The chosen optimizer's settings (its learning_rate may be per model: rosetta_common.training.plan
+        resolves it)."""
         return getattr(self.optimizers, self.train.optimizer)
 
     def learning_rate(self, arch: str) -> float:
+        """The chosen optimizer's learning rate for `arch` (validated: every listed model has one)."""
         rate = self.optimizer.learning_rate
         return float(rate[arch] if isinstance(rate, dict) else rate)
 
-    def for_model(self, arch: str) -> Spec:
-        """This spec as seen by one model's training: every learning rate resolved to that model's number."""
-        resolved = {}
-        for name in ("adam", "sgd"):
-            section = getattr(self.optimizers, name)
-            rate = section.learning_rate
-            value = rate.get(arch, next(iter(rate.values()))) if isinstance(rate, dict) else rate
-            resolved[name] = section.model_copy(update={"learning_rate": float(value)})
-        return self.model_copy(update={"optimizers": self.optimizers.model_copy(update=resolved)})
 
-
-_ALLOWED = {"frameworks": ("torch", "tf", "jax"), "models": ("mlp", "cnn", "attention")}
+_ALLOWED = {"frameworks": FRAMEWORKS, "models": ARCHITECTURES}
 
 
 def _one_line(error: ValidationError, source: str) -> str:

@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 
 from rosetta_common.data import Dataset
-from rosetta_common.spec import Spec, parse_spec
+from rosetta_common.spec import ARCHITECTURES, ModelConfig, Spec, parse_spec
 from rosetta_common.weights import Weights, canonical_shapes, random_weights
 
-ARCHS = ("mlp", "cnn", "attention")
+ARCHS = ARCHITECTURES
 IMAGE_SHAPE = (8, 8)
 NUM_CLASSES = 10
 
@@ -28,14 +28,19 @@ def small_spec(**train: object) -> Spec:
     })
 
 
-def asymmetric_weights(arch: str, spec: Spec, seed: int, shape: tuple[int, int] = IMAGE_SHAPE) -> Weights:
-    return random_weights(canonical_shapes(arch, spec, shape, NUM_CLASSES), seed)
+def small_config(arch: str, image_shape: tuple[int, int] = IMAGE_SHAPE, spec: Spec | None = None) -> ModelConfig:
+    return ModelConfig.of(spec or small_spec(), arch, image_shape, NUM_CLASSES)
 
 
-def learnable_data(n_train: int = 128, n_test: int = 32, seed: int = 0) -> Dataset:
+def asymmetric_weights(config: ModelConfig, seed: int) -> Weights:
+    return random_weights(canonical_shapes(config), seed)
+
+
+def learnable_data(n_train: int = 128, n_test: int = 32, seed: int = 0,
+                   image_shape: tuple[int, int] = IMAGE_SHAPE) -> Dataset:
     """Random images with labels from a fixed random linear map of the pixels: learnable, unlike noise."""
     rng = np.random.default_rng(seed)
-    images = rng.random((n_train + n_test, *IMAGE_SHAPE), dtype=np.float32)
-    projection = rng.normal(size=(IMAGE_SHAPE[0] * IMAGE_SHAPE[1], NUM_CLASSES))
+    images = rng.random((n_train + n_test, *image_shape), dtype=np.float32)
+    projection = rng.normal(size=(image_shape[0] * image_shape[1], NUM_CLASSES))
     labels = ((images.reshape(len(images), -1) - 0.5) @ projection).argmax(axis=1).astype(np.int64)
     return Dataset(images[:n_train], labels[:n_train], images[n_train:], labels[n_train:])

@@ -9,11 +9,13 @@ framework's package (`rosetta_<fw>/weights.py`):
 - an attention image row is one token; query/key/value/out kernels are (embed, embed) and head h uses
   columns h*head_dim:(h+1)*head_dim;
 - LayerNorm parameters are `scale` and `bias`.
-Files are safetensors (no pickle), float32, with the architecture and the layout in the metadata.
+Files are safetensors (no pickle), float32, with the architecture and the layout in the metadata (one key,
+"rosetta", holding sorted JSON, so the same tensors always give the same bytes).
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from pathlib import Path
@@ -22,21 +24,20 @@ import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
 
+from rosetta_common.errors import ArtifactError, WeightsError, one_line
 from rosetta_common.io import atomic_path
 from rosetta_common.seeding import derive_seed
-from rosetta_common.spec import Spec
+from rosetta_common.spec import ModelConfig
 
 LAYOUT = "rosetta-canonical-v1"
 Weights = dict[str, np.ndarray]
 
 
-def canonical_shapes(
-    arch: str, spec: Spec, image_shape: tuple[int, int], num_classes: int
-) -> dict[str, tuple[int, ...]]:
-    """Name -> shape of every parameter of `arch`, in canonical layout and in a fixed order."""
-    height, width = image_shape
+def canonical_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of every parameter of the model, in canonical layout and in a fixed order."""
+    arch, (height, width), num_classes, a = config.arch, config.image_shape, config.num_classes, config.settings
     if arch == "mlp":
-        hidden = spec.architecture.mlp.hidden
+        hidden = a.hidden
         return {
             "hidden.kernel": (height * width, hidden),
             "hidden.bias": (hidden,),
@@ -44,7 +45,7 @@ def canonical_shapes(
             "head.bias": (num_classes,),
         }
     if arch == "cnn":
-        c1, c2 = spec.architecture.cnn.conv1_filters, spec.architecture.cnn.conv2_filters
+        c1, c2 = a.conv1_filters, a.conv2_filters
         pooled = (height // 2) * (width // 2)
         return {
             "conv1.kernel": (3, 3, 1, c1),
@@ -55,7 +56,6 @@ def canonical_shapes(
             "head.bias": (num_classes,),
         }
     if arch == "attention":
-        a = spec.architecture.attention
         e, m = a.embed_dim, a.mlp_dim
         return {
             "embed.kernel": (width, e),
@@ -79,7 +79,7 @@ def canonical_shapes(
             "head.kernel": (e, num_classes),
             "head.bias": (num_classes,),
         }
-    raise ValueError(f"architecture {arch!r} is unknown; allowed: mlp, cnn, attention")
+    raise ValueError(f"architecture {arch!r} has no canonical layout")  # ModelConfig admits only known ones
 
 
 def _glorot_limit(shape: tuple[int, ...]) -> float:
@@ -88,13 +88,13 @@ def _glorot_limit(shape: tuple[int, ...]) -> float:
     return math.sqrt(6.0 / (fan_in + fan_out))
 
 
-def init_weights(arch: str, spec: Spec, image_shape: tuple[int, int], num_classes: int, seed: int) -> Weights:
+def init_weights(config: ModelConfig, seed: int) -> Weights:
     """Deterministic initial weights: Glorot-uniform kernels, zero biases, unit norm scales,
     N(0, 0.02) positional embeddings. Each tensor draws from its own sub-seed, so adding a parameter
     never changes the others."""
     weights: Weights = {}
-    for name, shape in canonical_shapes(arch, spec, image_shape, num_classes).items():
-        rng = np.random.default_rng(derive_seed(seed, "init", arch, name))
+    for name, shape in canonical_shapes(config).items():
+        rng = np.random.default_rng(derive_seed(seed, "init", config.arch, name))
         if name.endswith(".kernel"):
             limit = _glorot_limit(shape)
             value = rng.uniform(-limit, limit, size=shape)
@@ -122,38 +122,65 @@ def random_weights(shapes: Mapping[str, tuple[int, ...]], seed: int) -> Weights:
     return out
 
 
-def check_weights(
-    weights: Mapping[str, np.ndarray], shapes: Mapping[str, tuple[int, ...]], source: str = "weights"
-) -> None:
-    missing, extra = set(shapes) - set(weights), set(weights) - set(shapes)
+def check_weights(weights: Mapping[str, np.ndarray], config: ModelConfig, source: str = "weights") -> None:
+    """Raise WeightsError (one line) unless `weights` has exactly the canonical names and shapes of `config`,
+    float32 values, all finite."""
+    shapes = canonical_shapes(config)
+    missing, extra = [n for n in shapes if n not in weights], sorted(set(weights) - set(shapes))
     if missing or extra:
-        raise ValueError(
-            f"{source}: names differ from the canonical ones (missing {sorted(missing)}, unexpected {sorted(extra)})"
+        raise WeightsError(
+            f"{source}: names differ from the canonical {config.arch} ones (missing {missing}, unexpected {extra})"
         )
     for name, shape in shapes.items():
-        if tuple(weights[name].shape) != tuple(shape):
-            raise ValueError(f"{source}: {name} has shape {tuple(weights[name].shape)}, canonical is {tuple(shape)}")
+        value = np.asarray(weights[name])
+        if tuple(value.shape) != tuple(shape):
+            raise WeightsError(f"{source}: {name} has shape {tuple(value.shape)}, canonical is {tuple(shape)}")
+        if value.dtype != np.float32:
+            raise WeightsError(f"{source}: {name} has dtype {value.dtype}, canonical is float32")
+        if not np.isfinite(value).all():
+            raise WeightsError(f"{source}: {name} holds {int((~np.isfinite(value)).sum())} non-finite values")
 
 
 def count_parameters(weights: Mapping[str, np.ndarray]) -> int:
     return int(sum(v.size for v in weights.values()))
 
 
+# The metadata is one key holding sorted JSON: safetensors keeps a metadata map in a hash map, so a file with
+# several keys comes out in a different byte order from one process to the next.
+METADATA_KEY = "rosetta"
+
+
 def save_weights(path: str | Path, weights: Mapping[str, np.ndarray], arch: str, **metadata: str) -> None:
     tensors = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in weights.items()}
+    info = json.dumps({"architecture": arch, "layout": LAYOUT, **metadata}, sort_keys=True)
     with atomic_path(path) as tmp:
-        save_file(tensors, str(tmp), metadata={"architecture": arch, "layout": LAYOUT, **metadata})
-
-
-def load_weights(path: str | Path) -> Weights:
-    path = Path(path)
-    with safe_open(str(path), framework="numpy") as f:
-        layout = (f.metadata() or {}).get("layout")
-    if layout != LAYOUT:
-        raise ValueError(f"{path}: layout {layout!r} is not {LAYOUT!r}")
-    return dict(load_file(str(path)))
+        save_file(tensors, str(tmp), metadata={METADATA_KEY: info})
 
 
 def read_metadata(path: str | Path) -> dict[str, str]:
-    with safe_open(str(path), framework="numpy") as f:
-        return dict(f.metadata() or {})
+    """The file's metadata; ArtifactError if it is not a safetensors file."""
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            raw = f.metadata() or {}
+    except FileNotFoundError:
+        raise ArtifactError(f"{path}: weights file is missing") from None
+    except Exception as error:  # safetensors raises its own SafetensorError for damaged headers
+        raise ArtifactError(f"{path}: not a readable safetensors file ({one_line(str(error))})") from None
+    try:
+        return dict(json.loads(raw[METADATA_KEY])) if METADATA_KEY in raw else dict(raw)
+    except ValueError:
+        raise ArtifactError(f"{path}: metadata {METADATA_KEY!r} is not JSON") from None
+
+
+def load_weights(path: str | Path, config: ModelConfig | None = None) -> Weights:
+    """Canonical weights from a file; with `config`, checked against its names, shapes, dtype and finiteness."""
+    layout = read_metadata(path).get("layout")
+    if layout != LAYOUT:
+        raise WeightsError(f"{path}: layout tag {layout!r}, expected {LAYOUT!r}")
+    weights = dict(load_file(str(path)))
+    if config is not None:
+        arch = read_metadata(path).get("architecture")
+        if arch != config.arch:
+            raise WeightsError(f"{path}: architecture {arch!r}, expected {config.arch!r}")
+        check_weights(weights, config, str(path))
+    return weights

@@ -1,0 +1,39 @@
+"""Fixtures of the conformance suite: the backend under test, configured once per session."""
+
+from __future__ import annotations
+
+import os
+from types import ModuleType
+
+import numpy as np
+import pytest
+
+from rosetta_common.interface import BACKEND_MODULES, load_backend
+from rosetta_common.spec import ARCHITECTURES
+
+
+def framework_under_test() -> str:
+    name = os.environ.get("ROSETTA_BACKEND") or os.environ.get("ROSETTA_ENV", "")
+    if name not in BACKEND_MODULES:
+        raise pytest.UsageError(
+            f"ROSETTA_ENV = {name!r}: the conformance suite runs inside a framework's environment "
+            f"({', '.join(BACKEND_MODULES)}): python -m pipelines.runner torch -- python -m pytest ..."
+        )
+    return name
+
+
+@pytest.fixture(scope="session")
+def backend() -> ModuleType:
+    module = load_backend(framework_under_test())
+    module.configure(0)
+    return module
+
+
+@pytest.fixture(params=ARCHITECTURES)
+def arch(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+@pytest.fixture(scope="session")
+def images() -> np.ndarray:
+    return np.random.default_rng(7).random((7, 8, 8), dtype=np.float32)

@@ -1,0 +1,65 @@
+"""export.py of the contract: native formats that reload to the same logits, and ONNX that meets the conventions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import pytest
+
+from rosetta_common.errors import ArtifactError
+from rosetta_common.metrics import max_abs_diff
+from rosetta_common.onnx_conventions import BATCH_DIM, INPUT_NAME, OUTPUT_NAME, violations
+from rosetta_common.spec import Spec
+from rosetta_common.testing import asymmetric_weights, small_config
+
+TOLERANCES = Spec().tolerances  # the bounds the validate stage applies to the pipeline's own exports
+ONNX_BATCHES = (1, 7, 64)
+
+
+def test_native_formats_reload_to_the_same_logits(backend: ModuleType, arch: str, images: np.ndarray,
+                                                   tmp_path: Path) -> None:
+    config = small_config(arch)
+    model = backend.build(config, asymmetric_weights(config, 20))
+    out = tmp_path / "native"
+    files = backend.export_native(model, out, images)
+    assert files and all(Path(f).is_file() and out in Path(f).parents for f in files)
+    assert not list(out.rglob("*.pkl")) and not list(out.rglob("*.pickle"))
+    expected = backend.predict(model, images)
+    reloaded = backend.load_native(out)
+    assert reloaded
+    for name, predict in reloaded.items():
+        assert max_abs_diff(predict(images), expected) <= TOLERANCES.native_roundtrip_abs, name
+
+
+def test_load_native_of_a_missing_export_is_an_artifact_error(backend: ModuleType, tmp_path: Path) -> None:
+    with pytest.raises(ArtifactError) as raised:
+        backend.load_native(tmp_path / "nothing-here")
+    assert "\n" not in str(raised.value)
+
+
+def test_onnx_meets_the_conventions_at_every_batch_size(backend: ModuleType, arch: str, images: np.ndarray,
+                                                         tmp_path: Path) -> None:
+    import onnx
+    import onnxruntime as ort
+
+    config = small_config(arch)
+    model = backend.build(config, asymmetric_weights(config, 21))
+    path = tmp_path / "model.onnx"
+    backend.export_onnx(model, path, images)
+    proto = onnx.load(str(path))
+    onnx.checker.check_model(proto, full_check=True)
+    assert violations(proto, backend.FRAMEWORK) == []
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    assert [i.name for i in session.get_inputs()] == [INPUT_NAME]
+    assert [o.name for o in session.get_outputs()] == [OUTPUT_NAME]
+    assert session.get_inputs()[0].shape[0] == BATCH_DIM == session.get_outputs()[0].shape[0]
+    rng = np.random.default_rng(22)
+    for batch in ONNX_BATCHES:
+        x = rng.random((batch, *config.image_shape), dtype=np.float32)
+        native = backend.predict(model, x)
+        (onnx_logits,) = session.run([OUTPUT_NAME], {INPUT_NAME: x})
+        bound = TOLERANCES.onnx_vs_native_abs + TOLERANCES.onnx_vs_native_rel * float(np.abs(native).max())
+        assert onnx_logits.shape == (batch, config.num_classes)
+        assert max_abs_diff(onnx_logits, native) <= bound, batch

@@ -1,0 +1,74 @@
+"""The ONNX conventions every exporter meets, stated once: what a consumer of any Rosetta model.onnx can rely on.
+
+- one input named "images", float32 (batch, height, width) in [0, 1];
+- one output named "logits", float32 (batch, classes);
+- the batch dimension is dynamic and named "batch" on both (the exporters' own names differ: torch.onnx
+  "batch", jax2onnx whatever it is given, tf2onnx "unk__<n>" and an unnamed output dimension);
+- the opset is pinned per exporter (below), so a converter upgrade cannot change it silently.
+
+Works on an `onnx.ModelProto` without importing onnx (common has numpy-level dependencies only).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rosetta_common.errors import ExportError
+
+INPUT_NAME = "images"
+OUTPUT_NAME = "logits"
+BATCH_DIM = "batch"
+
+# Opset policy, one per exporter. Each is the converter's own default or the newest it writes reliably, and
+# all run in ONNX Runtime 1.32. They differ on purpose: forcing one opset through three converters would
+# test the converters' down-conversion paths instead of their main ones; outputs are compared, not graphs.
+OPSETS = {
+    "torch": 20,  # torch.onnx (dynamo) default in torch 2.13
+    "tf": 17,  # tf2onnx 1.17's default is 15; 17 adds LayerNormalization-era ops and runs everywhere we need
+    "jax": 23,  # jax2onnx 0.17's default
+}
+
+
+def _dims(value_info: Any) -> list[Any]:
+    return list(value_info.type.tensor_type.shape.dim)
+
+
+def conform(model: Any, framework: str) -> Any:
+    """Name the batch dimension "batch" on the input, the output and every intermediate that shares it,
+    then check the conventions; returns the same (modified) ModelProto. Raises ExportError naming what is off."""
+    graph = model.graph
+    if len(graph.input) == 1 and _dims(graph.input[0]):
+        old = _dims(graph.input[0])[0].dim_param
+        if old and old != BATCH_DIM:
+            for info in (*graph.input, *graph.output, *graph.value_info):
+                for dim in _dims(info):
+                    if dim.dim_param == old:
+                        dim.dim_param = BATCH_DIM
+    for out in graph.output:  # tf2onnx leaves the output's batch unnamed (or names it apart from the input's)
+        dims = _dims(out)
+        if dims and not dims[0].HasField("dim_value"):
+            dims[0].dim_param = BATCH_DIM
+    problems = violations(model, framework)
+    if problems:
+        raise ExportError(f"{framework} ONNX export: {'; '.join(problems)}")
+    return model
+
+
+def violations(model: Any, framework: str) -> list[str]:
+    """Every way `model` breaks the conventions (empty when it meets them)."""
+    graph, problems = model.graph, []
+    inputs = [i.name for i in graph.input if i.name not in {t.name for t in graph.initializer}]
+    outputs = [o.name for o in graph.output]
+    if inputs != [INPUT_NAME]:
+        problems.append(f"inputs {inputs}, expected [{INPUT_NAME!r}]")
+    if outputs != [OUTPUT_NAME]:
+        problems.append(f"outputs {outputs}, expected [{OUTPUT_NAME!r}]")
+    for info in (*graph.input[:1], *graph.output[:1]):
+        dims = _dims(info)
+        if len(dims) < 2 or dims[0].dim_param != BATCH_DIM:
+            first = (dims[0].dim_param or dims[0].dim_value) if dims else None
+            problems.append(f"{info.name}: batch dimension {first!r}, expected dynamic {BATCH_DIM!r}")
+    opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=None)
+    if framework in OPSETS and opset != OPSETS[framework]:
+        problems.append(f"opset {opset}, the policy for {framework} is {OPSETS[framework]}")
+    return problems
