@@ -22,19 +22,22 @@ setup: $(VENV)/.installed
 repro: setup
 	dvc repro
 
-# Each framework's tests run inside that framework's environment; cross-cutting tests run last.
+# Each framework's environment runs the same conformance suite against its own package, then that package's
+# own tests (only what is specific to one framework); cross-cutting tests run last.
+CONFORMANCE := packages/common/src/rosetta_common/conformance
 test-frameworks: setup
-	python -m pipelines.runner torch -- python -m pytest -q packages/torch_impl/tests
-	python -m pipelines.runner tf -- python -m pytest -q packages/tf_impl/tests
-	python -m pipelines.runner jax -- python -m pytest -q packages/jax_impl/tests
+	python -m pipelines.runner torch -- python -m pytest -q $(CONFORMANCE) packages/torch_impl/tests
+	python -m pipelines.runner tf -- python -m pytest -q $(CONFORMANCE) packages/tf_impl/tests
+	python -m pipelines.runner jax -- python -m pytest -q $(CONFORMANCE) packages/jax_impl/tests
 
-# Headless Chromium for the report's browser test (Debian's package; browsers cannot be downloaded here).
+# Headless Chromium and its WebDriver for the report's browser test (Debian's packages; Selenium is told the
+# driver's path and never downloads a browser or driver).
 browser:
-	@if [ ! -x /usr/bin/chromium ]; then \
+	@if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then \
 		if [ "$$(id -u)" = 0 ]; then \
-			apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; \
+			apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver; \
 		else \
-			echo "chromium is missing and we are not root: the report's browser test will be skipped"; \
+			echo "chromium or chromium-driver is missing and we are not root: the report's browser test will be skipped"; \
 		fi; \
 	fi
 
@@ -54,11 +57,11 @@ locks: $(VENV)/.installed
 clean-envs:
 	rm -rf .envs
 
-# Container runtime (containers/README.md). The four CPU images, built here with no registry: a Debian base made
-# with debootstrap, wheels downloaded on the host, a container engine started if none answers.
+# Container runtime (containers/README.md). The four CPU images from the one recipe, built here with no registry:
+# a Debian base made with debootstrap, wheels downloaded on the host, a container engine started if none answers.
 .PHONY: images test-containers
 images: $(VENV)/.installed
-	python -m pipelines.containers build --variant cpu
+	python -m pipelines.images build --variant cpu
 
 # Builds the CPU images, then runs the whole pipeline in them (ROSETTA_RUNTIME=container) in a temporary copy.
 test-containers: $(VENV)/.installed

@@ -2,8 +2,8 @@
 
 Measured, never asserted: the numbers depend on the machine. The bench stage calls this inside the
 framework's environment (through the runner), so the native side is the real framework. Nothing heavy is
-imported at module level: the report stage (orchestrator environment, no framework, no onnxruntime) imports
-this module only for `record_path`.
+imported at module level. The report never imports this module: it reads the records the bench stage writes
+(pipelines/paths.py says where).
 
 Method: same inputs for both (the first test images), warm-up calls first (JAX compiles per batch shape,
 ONNX Runtime allocates on the first run), then interleaved repeats, alternating which runtime goes first,
@@ -35,10 +35,6 @@ class Settings:
     # Per model and batch size, both runtimes together: 9 (model, framework) pairs x 2 batch sizes stay
     # within ~20 s per framework on 2 cores, start-up included.
     budget_seconds: float = 0.5
-
-
-def record_path(model: str, framework: str) -> Path:
-    return Path("reports/latency") / model / f"{framework}.json"
 
 
 def available_cores() -> int:

@@ -15,15 +15,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pipelines.runner import ENVIRONMENTS, REPO_ROOT, VARIANTS, find_links, lock_path
-
-PYTHON_VERSION = "3.11"
-PLATFORM = "x86_64-manylinux_2_28"
+from pipelines.environments import ENVIRONMENTS, PLATFORM, PYTHON_VERSION, REPO_ROOT, VARIANTS, find_links, lock_path
 
 
 def compile_lock(env: str, variant: str) -> Path:
     """Resolve one environment with uv and write its lock; returns the lock's path."""
-    package = ENVIRONMENTS[env]
+    package = ENVIRONMENTS[env].package
     out = lock_path(env, variant)
     cmd = [
         sys.executable,

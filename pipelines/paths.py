@@ -51,3 +51,18 @@ def export_record(model: str, framework: str) -> Path:
 
 def metrics(model: str, framework: str) -> Path:
     return Path("metrics") / model / f"{framework}.json"
+
+
+LATENCY = REPORTS / "latency"
+VALIDATION = REPORTS / "validation.json"
+SUMMARY = REPORTS / "summary"  # one headline-metrics file per model, for `dvc metrics show`
+PLOTS = REPORTS / "plots"
+
+
+def latency_record(model: str, framework: str) -> Path:
+    """What the bench stage measured (latencies, settings, threads, package versions); the report reads it."""
+    return LATENCY / model / f"{framework}.json"
+
+
+def summary(model: str) -> Path:
+    return SUMMARY / f"{model}.json"

@@ -15,52 +15,26 @@ from __future__ import annotations
 
 import argparse
 import fcntl
-import hashlib
 import os
 import shutil
 import subprocess
 import sys
-import tomllib
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-VARIANTS = ("cpu", "cuda")
+from pipelines.environments import (
+    ENVIRONMENTS,
+    REPO_ROOT,
+    VARIANTS,
+    envs_dir,
+    find_links,
+    lock_path,
+    lock_sha256,
+    stage_environment,
+)
+
 RUNTIMES = ("local", "container")
-FRAMEWORKS = ("torch", "tf", "jax")
-
-
-def _members() -> dict[str, dict[str, str]]:
-    with open(REPO_ROOT / "pyproject.toml", "rb") as f:
-        return tomllib.load(f)["tool"]["rosetta"]["environments"]
-
-
-MEMBERS = _members()
-ENVIRONMENTS: dict[str, str] = {name: spec["package"] for name, spec in MEMBERS.items()}
-
-
-def lock_path(env: str, variant: str) -> Path:
-    return REPO_ROOT / ENVIRONMENTS[env] / f"requirements-{variant}.lock"
-
-
-def envs_dir() -> Path:
-    """Where environments live; tests point temporary copies of the repo at the same folder."""
-    return Path(os.environ.get("ROSETTA_ENVS_DIR", REPO_ROOT / ".envs")).resolve()
-
-
-def find_links() -> str | None:
-    """A local wheel folder configured for pip (uv does not read pip's config), if any."""
-    for var in ("ROSETTA_FIND_LINKS", "UV_FIND_LINKS", "PIP_FIND_LINKS"):
-        if os.environ.get(var):
-            return os.environ[var]
-    out = subprocess.run(
-        [sys.executable, "-m", "pip", "config", "get", "global.find-links"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    value = out.stdout.strip()
-    return value.split()[0] if out.returncode == 0 and value else None
 
 
 def _choice(var: str, allowed: tuple[str, ...]) -> str:
@@ -71,18 +45,17 @@ def _choice(var: str, allowed: tuple[str, ...]) -> str:
 
 
 def lock_digest(env: str, variant: str) -> str:
+    """The key of a built environment: its lock, and the interpreter it was built with."""
     lock = lock_path(env, variant)
     if not lock.is_file():
         raise SystemExit(
             f"error: lock file {lock.relative_to(REPO_ROOT)} is missing; run python -m pipelines.lock {env}"
         )
-    digest = hashlib.sha256(lock.read_bytes())
-    digest.update(f"python{sys.version_info.major}.{sys.version_info.minor}".encode())
-    return digest.hexdigest()
+    return lock_sha256(lock, f"python{sys.version_info.major}.{sys.version_info.minor}".encode())
 
 
 @contextmanager
-def _exclusive(path: Path):
+def _exclusive(path: Path) -> Iterator[None]:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
@@ -118,27 +91,6 @@ def ensure_env(env: str, variant: str = "cpu") -> Path:
     return target
 
 
-def stage_environment(env: str, env_dir: Path) -> dict[str, str]:
-    """Process environment for a command in `env`: its interpreter first on PATH, our sources on PYTHONPATH."""
-    paths = [REPO_ROOT / "packages/common/src"]
-    if env in FRAMEWORKS:
-        paths.append(REPO_ROOT / ENVIRONMENTS[env] / "src")
-    paths.append(REPO_ROOT)
-    base = {k: v for k, v in os.environ.items() if k not in ("PYTHONHOME", "PYTHONPATH")}
-    return {
-        **base,
-        "VIRTUAL_ENV": str(env_dir),
-        "PATH": f"{env_dir / 'bin'}{os.pathsep}{base.get('PATH', '')}",
-        "PYTHONPATH": os.pathsep.join(str(p) for p in paths),
-        "PYTHONHASHSEED": "0",
-        "ROSETTA_ENV": env,
-        # Quiet, deterministic framework start-up; each package switches on its own determinism API too.
-        "TF_CPP_MIN_LOG_LEVEL": base.get("TF_CPP_MIN_LOG_LEVEL", "2"),
-        "TF_DETERMINISTIC_OPS": "1",
-        "CUBLAS_WORKSPACE_CONFIG": ":4096:8",
-    }
-
-
 def run(env: str, command: list[str]) -> int:
     """Run `command` inside `env`; a leading `python` means that environment's interpreter."""
     if not command:
@@ -146,6 +98,7 @@ def run(env: str, command: list[str]) -> int:
     runtime = _choice("ROSETTA_RUNTIME", RUNTIMES)
     variant = _choice("ROSETTA_VARIANT", VARIANTS)
     if runtime == "container":
+        # Imported here: the local runtime never needs it. It imports no runner name, so there is no cycle.
         from pipelines import containers  # the container runtime: same stages, one image per environment
 
         return containers.run(env, variant, command)

@@ -5,17 +5,10 @@ reads them exactly as it reads a real run."""
 
 from __future__ import annotations
 
-import base64
 import itertools
 import json
 import os
-import socket
-import struct
-import subprocess
 import sys
-import time
-import urllib.parse
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -171,6 +164,9 @@ def _latency(model: str, fw: str) -> dict[str, Any]:
             for b in (1, 64)
         ],
         "settings": {"batch_sizes": [1, 64], "warmup": 3},
+        # As the bench stage records them: the environment's distributions (pyproject.toml), found installed.
+        "versions": {**{"torch": {"torch": "2.13.0+cpu"}, "tf": {"tensorflow-cpu": "2.21.0", "keras": "3.15.1"},
+                        "jax": {"jax": "0.10.2", "jaxlib": "0.10.2"}}[fw], "onnxruntime": "1.32.0"},
         "environment": {"threads": {"framework": {"intra_op": 2, "source": fw},
                                     "onnxruntime": {"intra_op": 2, "inter_op": 1}}},
     }
@@ -225,9 +221,10 @@ def make_artifacts(root: Path, *, failing: bool = False) -> Path:
     return root
 
 
-# --- The browser: headless Chromium driven directly (no Python browser package is in the orchestrator env). ---
+# --- The browser: Debian's chromium, driven by Selenium through Debian's chromium-driver. ---
 
 CHROMIUM = Path("/usr/bin/chromium")
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
 # No network at all: no DNS, no background services; the report must render from the file alone.
 CHROMIUM_FLAGS = [
     "--headless",
@@ -241,179 +238,50 @@ CHROMIUM_FLAGS = [
     "--disable-extensions",
     "--host-resolver-rules=MAP * ~NOTFOUND",
     "--hide-scrollbars",
+    "--window-size=1280,2000",
 ]
 
 
-def screenshot(html: Path, png: Path, profile: Path, size: tuple[int, int] = (1280, 2000)) -> None:
-    """Chromium's own one-shot screenshot of the page (what a reader would see first)."""
-    result = subprocess.run(
-        [str(CHROMIUM), *CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"--screenshot={png}",
-         f"--window-size={size[0]},{size[1]}", html.resolve().as_uri()],
-        capture_output=True, text=True, timeout=120, check=False,
-    )
-    if result.returncode != 0 or not png.is_file():
-        raise AssertionError(f"chromium --screenshot failed ({result.returncode}):\n{result.stderr[-3000:]}")
-
-
-class WebSocket:
-    """Just enough of RFC 6455 for the DevTools protocol: masked text frames out, unmasked frames in."""
-
-    def __init__(self, url: str, timeout: float) -> None:
-        parsed = urllib.parse.urlsplit(url)
-        self.sock = socket.create_connection((parsed.hostname, parsed.port), timeout=timeout)
-        key = base64.b64encode(os.urandom(16)).decode()
-        self.sock.sendall(
-            f"GET {parsed.path} HTTP/1.1\r\nHost: {parsed.netloc}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-            f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n".encode()
-        )
-        response = b""
-        while b"\r\n\r\n" not in response:
-            chunk = self.sock.recv(4096)
-            if not chunk:
-                raise ConnectionError("DevTools closed the connection during the handshake")
-            response += chunk
-        if b" 101 " not in response.split(b"\r\n", 1)[0]:
-            raise ConnectionError(f"websocket handshake refused: {response[:200]!r}")
-        self.buffer = response.split(b"\r\n\r\n", 1)[1]
-
-    def _read(self, n: int) -> bytes:
-        while len(self.buffer) < n:
-            chunk = self.sock.recv(1 << 20)
-            if not chunk:
-                raise ConnectionError("DevTools closed the connection")
-            self.buffer += chunk
-        data, self.buffer = self.buffer[:n], self.buffer[n:]
-        return data
-
-    def send(self, text: str) -> None:
-        payload = text.encode()
-        header = bytes([0x81])  # FIN + text
-        if len(payload) < 126:
-            header += bytes([0x80 | len(payload)])
-        elif len(payload) < 1 << 16:
-            header += bytes([0x80 | 126]) + struct.pack(">H", len(payload))
-        else:
-            header += bytes([0x80 | 127]) + struct.pack(">Q", len(payload))
-        mask = os.urandom(4)
-        self.sock.sendall(header + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload)))
-
-    def receive(self) -> str:
-        message = b""
-        while True:
-            first, second = self._read(2)
-            length = second & 0x7F
-            if length == 126:
-                length = struct.unpack(">H", self._read(2))[0]
-            elif length == 127:
-                length = struct.unpack(">Q", self._read(8))[0]
-            payload = self._read(length)
-            opcode = first & 0x0F
-            if opcode == 0x8:
-                raise ConnectionError("DevTools closed the websocket")
-            if opcode in (0x9, 0xA):  # ping/pong: not part of a message
-                continue
-            message += payload
-            if first & 0x80:
-                return message.decode()
-
-    def close(self) -> None:
-        self.sock.close()
-
-
-class DevTools:
-    """A headless Chromium with one page, spoken to over the DevTools protocol; events are kept in order."""
-
-    def __init__(self, profile: Path, timeout: float = 60.0) -> None:
-        self.timeout = timeout
-        self.process = subprocess.Popen(
-            [str(CHROMIUM), *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--remote-debugging-port=0",
-             "--window-size=1280,2000", "about:blank"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )
-        port_file = profile / "DevToolsActivePort"  # Chromium writes the port it picked here
-        deadline = time.monotonic() + timeout
-        while not (port_file.is_file() and port_file.read_text().strip()):
-            if time.monotonic() > deadline or self.process.poll() is not None:
-                self.close()
-                raise AssertionError("headless Chromium did not start its DevTools endpoint")
-            time.sleep(0.1)
-        port = int(port_file.read_text().split()[0])
-        pages: list[dict[str, Any]] = []
-        local = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never via a configured proxy
-        while not pages:
-            with local.open(f"http://127.0.0.1:{port}/json/list", timeout=timeout) as response:
-                pages = [t for t in json.load(response) if t.get("type") == "page"]
-            if not pages:
-                time.sleep(0.1)
-        self.ws = WebSocket(pages[0]["webSocketDebuggerUrl"], timeout)
-        self.next_id = 0
-        self.events: list[dict[str, Any]] = []
-
-    def call(self, method: str, **params: Any) -> dict[str, Any]:
-        self.next_id += 1
-        self.ws.send(json.dumps({"id": self.next_id, "method": method, "params": params}))
-        while True:
-            message = json.loads(self.ws.receive())
-            if message.get("id") == self.next_id:
-                if "error" in message:
-                    raise AssertionError(f"{method}: {message['error']}")
-                return message.get("result", {})
-            if "method" in message:
-                self.events.append(message)
-
-    def wait_for(self, event: str) -> dict[str, Any]:
-        for seen in self.events:
-            if seen["method"] == event:
-                return seen
-        deadline = time.monotonic() + self.timeout
-        while time.monotonic() < deadline:
-            message = json.loads(self.ws.receive())
-            if "method" in message:
-                self.events.append(message)
-                if message["method"] == event:
-                    return message
-        raise AssertionError(f"no {event} within {self.timeout}s")
-
-    def close(self) -> None:
-        if getattr(self, "ws", None):
-            self.ws.close()
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-
-
-def load_in_browser(html: Path, profile: Path) -> dict[str, Any]:
-    """Open the page; return its console errors, uncaught exceptions, requests and every image's state."""
-    browser = DevTools(profile)
+def browser_missing() -> str | None:
+    """Why the browser test cannot run here, or None."""
+    missing = [str(p) for p in (CHROMIUM, CHROMEDRIVER) if not p.is_file()]
+    if missing:
+        return f"{' and '.join(missing)} missing: run `make browser` (Debian's chromium and chromium-driver)"
     try:
-        for domain in ("Page", "Runtime", "Log", "Network"):
-            browser.call(f"{domain}.enable")
-        browser.call("Page.navigate", url=html.resolve().as_uri())
-        browser.wait_for("Page.loadEventFired")
-        images = browser.call(
-            "Runtime.evaluate",
-            expression="JSON.stringify([...document.images].map(i => "
-            "({alt: i.alt, complete: i.complete, width: i.naturalWidth, src: i.src.slice(0, 30)})))",
-            returnByValue=True,
-        )["result"]["value"]
-        title = browser.call("Runtime.evaluate", expression="document.title", returnByValue=True)["result"]["value"]
-        events = browser.events
+        import selenium  # noqa: F401
+    except ImportError:
+        return "selenium is not installed in this environment (it is in requirements.lock)"
+    return None
+
+
+def load_in_browser(html: Path, png: Path) -> dict[str, Any]:
+    """Open the page; return its title, every image's state, browser-log errors and every request it made, and
+    save a screenshot of what a reader sees first."""
+    from selenium import webdriver
+
+    # The driver is named explicitly and Selenium Manager is told it is offline: it must never try a download.
+    os.environ["SE_OFFLINE"] = "true"
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for flag in CHROMIUM_FLAGS:
+        options.add_argument(flag)
+    # Console messages, uncaught exceptions and failed loads land in "browser"; DevTools events in "performance".
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
+    driver = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=str(CHROMEDRIVER)))
+    try:
+        driver.get(html.resolve().as_uri())
+        images = driver.execute_script(
+            "return [...document.images].map(i => ({alt: i.alt, complete: i.complete, width: i.naturalWidth}))"
+        )
+        title = driver.title
+        driver.save_screenshot(str(png))
+        browser_log = driver.get_log("browser")
+        events = [json.loads(entry["message"])["message"] for entry in driver.get_log("performance")]
     finally:
-        browser.close()
+        driver.quit()
     return {
         "title": title,
-        "images": json.loads(images),
-        "console_errors": [
-            e["params"] for e in events
-            if e["method"] == "Runtime.consoleAPICalled" and e["params"].get("type") in ("error", "assert")
-        ],
-        "log_errors": [
-            e["params"]["entry"] for e in events
-            if e["method"] == "Log.entryAdded" and e["params"]["entry"].get("level") == "error"
-        ],
-        "exceptions": [e["params"] for e in events if e["method"] == "Runtime.exceptionThrown"],
+        "images": images,
+        "errors": [entry for entry in browser_log if entry.get("level") == "SEVERE"],
         "requests": [e["params"]["request"]["url"] for e in events if e["method"] == "Network.requestWillBeSent"],
     }

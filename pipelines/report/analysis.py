@@ -152,7 +152,8 @@ def run_rows(inputs: Inputs, model: str) -> list[dict[str, Any]]:
     rows = []
     for fw in inputs.frameworks:
         run = inputs.run(model, fw)
-        m, e = run.metrics or {}, run.export or {}
+        # Training figures from the metrics file, or from the train log where a figure is kept only there.
+        m, e = {**(run.train_log or {}), **(run.metrics or {})}, run.export or {}
         rows.append(
             {
                 "framework": fw,

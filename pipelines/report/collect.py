@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.latency import record_path as latency_path
 from pipelines import paths
 from pipelines.report.onnx_summary import OnnxSummary, summarize
 from rosetta_common.spec import Spec, load_spec
@@ -91,7 +90,7 @@ def collect(root: Path) -> Inputs:
                 summary = reader.onnx(where(model, fw))
                 if summary is not None:
                     run.onnx[name] = summary
-            run.latency = reader.json(latency_path(model, fw))
+            run.latency = reader.json(paths.latency_record(model, fw))
             runs[(model, fw)] = run
-    validation = reader.json(paths.REPORTS / "validation.json")
+    validation = reader.json(paths.VALIDATION)
     return Inputs(root, spec, params_text, runs, validation, reader.problems)

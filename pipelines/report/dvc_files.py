@@ -1,6 +1,10 @@
 """What DVC reads from the report stage: headline metrics (`dvc metrics show`) and plot data
 (`dvc plots show`, declared in dvc.yaml's top-level `plots:`): one loss CSV per model and framework, so a
-plot overlays the three frameworks' files, and one latency CSV."""
+plot overlays the three frameworks' files, and one latency CSV.
+
+`dvc metrics show` prints one row per metrics file and one column per (flattened, dot-joined) key of any file,
+so the headline figures are one small file per model, reports/summary/<model>.json: models add rows, never
+columns. Everything else (every check, every latency) is in the report and reports/validation.json."""
 
 from __future__ import annotations
 
@@ -10,11 +14,20 @@ import math
 from pathlib import Path
 from typing import Any
 
-from pipelines.report.analysis import Verdict, forward_parity, latency_rows
+from pipelines import paths
+from pipelines.report.analysis import check_rows, latency_rows
 from pipelines.report.collect import Inputs
 
-PLOTS = Path("reports/plots")
-SUMMARY = Path("reports/summary.json")
+PLOTS = paths.PLOTS
+SUMMARY = paths.SUMMARY
+# Summary figure -> the validation checks whose worst value it is, as a multiple of each one's tolerance: DVC
+# prints 5 decimals (a relative error of 2e-08 would show as 0.0), and "0.02 of its tolerance" reads at a glance.
+WORST = {
+    "worst_forward_parity_over_tol": ("forward_parity_init_onnx", "init_onnx_vs_reference"),
+    "worst_step1_loss_over_tol": ("train_step1_loss_rel",),
+    "worst_test_loss_over_tol": ("test_loss_rel",),
+}
+HEADLINE = ("test_accuracy", "test_loss")  # per framework, from metrics/<model>/<framework>.json
 
 
 def loss_csv_path(model: str, framework: str) -> Path:
@@ -60,29 +73,32 @@ def _finite(value: Any) -> Any:
     return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
-def summary(inputs: Inputs, judged: Verdict) -> dict[str, Any]:
-    """Headline figures not already in metrics/<model>/<framework>.json (accuracy, losses and training speed
-    are there): the verdict, the worst forward parity, ONNX size and latency ratios. Nested
-    model -> framework -> figure; DVC flattens them into columns."""
-    out: dict[str, Any] = {
-        "validation": {"passed": judged.status == "passed", "checks": judged.checks, "failed": len(judged.failures)},
-    }
-    for model in inputs.models:
-        matrix = forward_parity(inputs, model)
-        finite = [v for row in matrix.values for v in row if math.isfinite(v)]
-        per_model: dict[str, Any] = {}
-        if finite:
-            # As a multiple of its tolerance too: DVC prints 5 decimals, which shows 2e-06 as 0.0.
-            per_model["forward_parity_max_abs"] = max(finite)
-            per_model["forward_parity_max_over_tolerance"] = max(finite) / matrix.tolerance
-        for fw in inputs.frameworks:
-            run = inputs.run(model, fw)
-            onnx = run.onnx.get("model.onnx")
-            figures: dict[str, Any] = {}
-            if onnx:
-                figures |= {"onnx_kib": onnx.bytes / 1024, "onnx_nodes": onnx.nodes}
-            for result in (run.latency or {}).get("results", []):
-                figures[f"latency_native_over_onnx_b{result['batch']}"] = result.get("native_over_onnx")
-            per_model[fw] = {k: _finite(v) for k, v in figures.items() if v is not None}
-        out[model] = per_model
+def _worst(rows: list[dict[str, Any]], checks: tuple[str, ...]) -> float | None:
+    ratios = [
+        float(r["max_abs_err"]) / float(r["tolerance"])
+        for r in rows
+        if r.get("check") in checks and r.get("max_abs_err") is not None and r.get("tolerance")
+    ]
+    return _finite(max(ratios)) if ratios else None
+
+
+def model_summary(inputs: Inputs, model: str) -> dict[str, Any]:
+    """One model's headline figures: each framework's test accuracy and loss, the worst parity figures (as
+    multiples of their tolerances), how many of its checks failed and whether all passed. At most 12 leaves."""
+    out: dict[str, Any] = {}
+    for fw in inputs.frameworks:
+        metrics = inputs.run(model, fw).metrics or {}
+        out[fw] = {key: _finite(metrics.get(key)) for key in HEADLINE}
+    rows = check_rows(inputs, model)
+    for key, checks in WORST.items():
+        out[key] = _worst(rows, checks)
+    validated = bool(inputs.validation and "checks" in inputs.validation)
+    failed = sum(not r.get("passed") for r in rows)
+    out["failed_checks"] = failed if validated else None
+    out["passed"] = validated and bool(rows) and failed == 0
     return out
+
+
+def summaries(inputs: Inputs) -> dict[Path, dict[str, Any]]:
+    """File name under reports/summary -> its content, one per model."""
+    return {paths.summary(model).relative_to(SUMMARY): model_summary(inputs, model) for model in inputs.models}

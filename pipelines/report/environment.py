@@ -1,18 +1,20 @@
-"""The environment manifest: for each isolated environment its Python, key package versions and lock hash,
-plus the orchestrator's own, the git revision and the params used. Read from files (pyproject.toml, the
-locks, each environment's pyvenv.cfg), never by importing a framework."""
+"""The environment manifest: for each isolated environment its Python, key package versions (as locked, and as
+the bench stage found them installed) and lock hash, plus the orchestrator's own, the git revision and the params
+used. Read from files (pyproject.toml, the locks, each environment's pyvenv.cfg, reports/latency records), never
+by importing a framework or the bench code."""
 
 from __future__ import annotations
 
-import hashlib
 import platform
 import re
 import subprocess
 import tomllib
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
 
-from benchmarks.latency import versions
+from pipelines import environments
 
 # Worth showing although no member names them directly (they come in through a framework).
 NOTABLE = ("numpy", "keras", "jaxlib", "protobuf")
@@ -28,6 +30,7 @@ class EnvironmentRow:
     lock_sha256: str | None
     python: str | None
     packages: dict[str, str] = field(default_factory=dict)  # name -> pinned version
+    measured: dict[str, str] = field(default_factory=dict)  # name -> version the bench stage found installed
     note: str = ""
 
 
@@ -41,9 +44,20 @@ def lock_pins(text: str) -> dict[str, str]:
 
 def sha256(path: Path) -> str | None:
     try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
+        return environments.lock_sha256(path)  # the hash the runner and the image labels use
     except OSError:
         return None
+
+
+def installed(names: Iterable[str]) -> dict[str, str]:
+    """Versions installed in this (the orchestrator's) environment."""
+    found = {}
+    for name in names:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return found
 
 
 def _direct_dependencies(member: Path, variant: str) -> list[str]:
@@ -67,19 +81,25 @@ def _python_of(env_dir: Path) -> str | None:
     return None
 
 
-def members(root: Path) -> dict[str, str]:
-    """Environment name -> member folder, from pyproject.toml's [tool.rosetta.environments] (as the runner)."""
+def _members(root: Path) -> dict[str, environments.Environment]:
     try:
-        config = tomllib.loads((root / "pyproject.toml").read_text())
-        return {name: spec["package"] for name, spec in config["tool"]["rosetta"]["environments"].items()}
+        return environments.read(root)
     except (OSError, KeyError, tomllib.TOMLDecodeError):
         return {}
 
 
-def environment_rows(root: Path, envs_dir: Path | None, variant: str = "cpu") -> list[EnvironmentRow]:
+def environment_rows(
+    root: Path,
+    envs_dir: Path | None,
+    variant: str = "cpu",
+    measured: Mapping[str, Mapping[str, str]] | None = None,
+) -> list[EnvironmentRow]:
+    """One row per environment of root's pyproject.toml, then the orchestrator's. `measured`: environment ->
+    the versions its bench records hold (what actually ran, next to what the lock pins)."""
     rows = []
-    for name, package in members(root).items():
-        lock = root / package / f"requirements-{variant}.lock"
+    for name, member in _members(root).items():
+        package = member.package
+        lock = member.lock(variant, root)
         try:
             pins = lock_pins(lock.read_text())
         except OSError:
@@ -95,10 +115,11 @@ def environment_rows(root: Path, envs_dir: Path | None, variant: str = "cpu") ->
                 lock_sha256=sha256(lock),
                 python=python,
                 packages=packages,
+                measured=dict((measured or {}).get(name, {})),
                 note="" if python else "environment not built here: Python version unknown",
             )
         )
-    packages = versions(ORCHESTRATOR)  # the same lookup the bench stage records for each framework
+    packages = installed(ORCHESTRATOR)
     rows.append(
         EnvironmentRow(
             name="orchestrator (this report)",

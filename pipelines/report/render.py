@@ -1,48 +1,51 @@
 """Turn the collected inputs into the report's two renderings: one self-contained HTML file (inline CSS,
-figures as data URIs, a Content-Security-Policy that forbids any fetch) and Markdown with the same tables."""
+figures as data URIs, a Content-Security-Policy that forbids any fetch) and Markdown. Both render the same
+sections and the same tables (tables.py); only the figures are HTML's alone."""
 
 from __future__ import annotations
 
 import datetime
-import math
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import jinja2
 
-from pipelines.report import analysis, figures
+from pipelines.report import analysis, figures, tables
 from pipelines.report.collect import Inputs
 from pipelines.report.environment import environment_rows, git_revision
 from pipelines.report.sources import extract
+from pipelines.report.tables import Group, fmt
 
 TEMPLATES = Path(__file__).parent / "templates"
-MISSING = "—"
 
 
-def fmt(value: Any, kind: str = "g") -> str:
-    """One number formatter for both renderings; a missing or non-finite value shows as a dash."""
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return MISSING
-    if isinstance(value, str):
-        return value
-    formats = {
-        "sci": lambda v: f"{v:.2e}",
-        "pct": lambda v: f"{100 * v:.2f} %",
-        "int": lambda v: f"{int(v):,}",
-        "s": lambda v: f"{v:.2f} s",
-        "ms": lambda v: f"{v:.3f}",
-        "x": lambda v: f"{v:.2f}x",
-        "loss": lambda v: f"{v:.5f}",
-        "rate": lambda v: f"{v:,.0f}",
-        "kib": lambda v: f"{v / 1024:,.1f} KiB",
-        "g": lambda v: f"{v:.4g}",
-    }
-    return formats[kind](value)
+@dataclass
+class Section:
+    id: str  # the HTML anchor, linked from the navigation
+    title: str
+    note: str = ""
+    groups: list[Group] = field(default_factory=list)  # one per model
+    figures: list[tuple[str, str]] = field(default_factory=list)  # section-wide figures (HTML only)
+    kind: str = "tables"  # "tables", or a section with its own markup: "sources", "environment"
 
 
 def md_cell(value: Any) -> str:
     """A Markdown table cell: pipes (as in "torch|tf") and newlines would break the table."""
     return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def md_table_cell(cell: tables.Cell) -> str:
+    """One table cell in Markdown: code in backticks, a row label or a failure in bold, a second line in
+    parentheses, several values joined by "; "."""
+    values = [cell.text] if cell.text or not cell.lines else []
+    values += list(cell.lines)
+    shown = "; ".join(f"`{v}`" if cell.mono and v else v for v in values)
+    if cell.header or cell.failed:
+        shown = f"**{shown}**"
+    if cell.sub:
+        shown += f" ({cell.sub})"
+    return md_cell(shown)
 
 
 def _environment(kind: str) -> jinja2.Environment:
@@ -56,55 +59,123 @@ def _environment(kind: str) -> jinja2.Environment:
     )
     env.filters["fmt"] = fmt
     env.filters["md"] = md_cell
+    env.filters["mdcell"] = md_table_cell
+    env.filters["mdalign"] = lambda column: "---" if column.left else "--:"
     return env
 
 
-def _epoch_loss(log: dict[str, Any] | None, epoch: int) -> float | None:
-    losses = (log or {}).get("epoch_losses") or []
-    return losses[epoch] if epoch < len(losses) else None
+def _figure(uri: str | None, alt: str) -> list[tuple[str, str]]:
+    return [(uri, alt)] if uri else []
 
 
-def model_section(inputs: Inputs, model: str) -> dict[str, Any]:
-    ops, op_rows = analysis.op_table(inputs, model)
-    matrix = analysis.forward_parity(inputs, model)
-    logs = {fw: inputs.run(model, fw).train_log for fw in inputs.frameworks}
-    epochs = max((len(log.get("epoch_losses", [])) for log in logs.values() if log), default=0)
-    return {
-        "name": model,
-        "runs": analysis.run_rows(inputs, model),
-        "onnx": [
-            {"framework": fw, "file": name, "summary": inputs.run(model, fw).onnx.get(name)}
-            for fw in inputs.frameworks
-            for name in ("model.onnx", "init.onnx")
-        ],
-        "ops": ops,
-        "op_rows": op_rows,
-        "op_figure": figures.op_histogram(model, ops, op_rows, inputs.frameworks),
-        "parity": matrix,
-        "parity_figure": figures.parity_heatmap(model, matrix),
-        "training_parity": analysis.training_parity(inputs, model),
-        "loss_figure": figures.loss_curves(model, logs),
-        "epoch_losses": [
-            {"epoch": e + 1, **{fw: _epoch_loss(log, e) for fw, log in logs.items()}} for e in range(epochs)
-        ],
-        "latency": analysis.latency_rows(inputs, model),
-        "sources": [extract(inputs.root, fw, model) for fw in inputs.frameworks],
-        "checks": analysis.check_rows(inputs, model),
-    }
+def measured_versions(inputs: Inputs) -> dict[str, dict[str, str]]:
+    """Per framework, the package versions the bench stage recorded (what ran, as installed)."""
+    found: dict[str, dict[str, str]] = {}
+    for (_, fw), run in inputs.runs.items():
+        versions = (run.latency or {}).get("versions")
+        if versions and fw not in found:
+            found[fw] = dict(versions)
+    return found
+
+
+def sections(inputs: Inputs, envs_dir: Path | None, variant: str) -> list[Section]:
+    models = inputs.models
+    logs = {m: {fw: inputs.run(m, fw).train_log for fw in inputs.frameworks} for m in models}
+    matrices = {m: analysis.forward_parity(inputs, m) for m in models}
+    ops = {m: analysis.op_table(inputs, m) for m in models}
+    latency = {m: analysis.latency_rows(inputs, m) for m in models}
+    measured = measured_versions(inputs)
+    return [
+        Section(
+            "runs",
+            "Models: size, quality, training and export",
+            "Throughput is training samples per second over the whole training loop; export times are the "
+            "framework's native export and its ONNX converter.",
+            [Group(m, [tables.runs(inputs, m)]) for m in models],
+        ),
+        Section(
+            "loss",
+            "Loss curves",
+            "Every framework trained from the same initial weights on the same batches in the same order; curves "
+            "that lie on top of each other are the point.",
+            [
+                Group(m, [tables.epoch_losses(inputs, m)], _figure(figures.loss_curves(m, logs[m]), f"{m} loss curves"))
+                for m in models
+            ],
+        ),
+        Section(
+            "parity",
+            "Parity",
+            "Forward parity: each framework's init.onnx (the shared initial weights) under ONNX Runtime, pairwise "
+            "and against the float64 numpy reference, max abs difference over several batch sizes. Training "
+            "parity: the same training run in each framework, compared pair by pair; each figure with the "
+            "tolerance it was judged against (params.yaml tolerances).",
+            [
+                Group(
+                    m,
+                    [tables.forward_parity(matrices[m]), tables.training_parity(inputs, m)],
+                    _figure(figures.parity_heatmap(m, matrices[m]), f"{m} forward parity heat map"),
+                )
+                for m in models
+            ],
+        ),
+        Section(
+            "onnx",
+            "ONNX files",
+            "What torch.onnx, tf2onnx and jax2onnx each emit for the same model.",
+            [
+                Group(
+                    m,
+                    [tables.onnx_files(inputs, m), tables.op_types(inputs, m)],
+                    _figure(
+                        figures.op_histogram(m, ops[m][0], ops[m][1], inputs.frameworks), f"{m} op type histogram"
+                    ),
+                )
+                for m in models
+            ],
+        ),
+        Section(
+            "latency",
+            "Inference latency",
+            "Measured by the bench stage inside each framework's environment: the package's own predict() (numpy "
+            "in, numpy out) vs an ONNX Runtime session of the same model.onnx with as many intra-op threads "
+            '("auto": the framework uses one per core, and ONNX Runtime gets the available cores), same inputs, '
+            "after warm-up, interleaved repeats; medians in ms. A ratio above 1 means ONNX Runtime is faster. "
+            "Numbers, not checks: they depend on the machine.",
+            [Group(m, [tables.latency(inputs, m)]) for m in models],
+            _figure(figures.latency_ratios(latency, inputs.frameworks), "latency ratios"),
+        ),
+        Section(
+            "sources",
+            "Model definitions, side by side",
+            "Read from each package's models.py when this report was built, so they cannot drift from the code.",
+            kind="sources",
+        ),
+        Section(
+            "environment",
+            "Environment",
+            groups=[Group("", [tables.environments(environment_rows(inputs.root, envs_dir, variant, measured))])],
+            kind="environment",
+        ),
+        Section(
+            "checks",
+            "All checks",
+            "Every row of reports/validation.json, with the tolerance it was judged against.",
+            [Group(m, [tables.checks(inputs, m)]) for m in models],
+        ),
+    ]
 
 
 def context(inputs: Inputs, envs_dir: Path | None, variant: str = "cpu") -> dict[str, Any]:
-    sections = [model_section(inputs, model) for model in inputs.models]
+    judged = analysis.verdict(inputs)
     return {
         "title": "Rosetta: artifact comparison report",
         "generated": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "verdict": analysis.verdict(inputs),
+        "verdict": judged,
+        "failures": tables.failures(judged),
         "frameworks": inputs.frameworks,
-        "models": sections,
-        "latency_figure": figures.latency_ratios({s["name"]: s["latency"] for s in sections}, inputs.frameworks),
-        "training_figures": analysis.TRAINING_FIGURES,
-        "tolerances": inputs.spec.tolerances.model_dump(),
-        "environments": environment_rows(inputs.root, envs_dir, variant),
+        "sections": sections(inputs, envs_dir, variant),
+        "sources": {m: [extract(inputs.root, fw, m) for fw in inputs.frameworks] for m in inputs.models},
         "revision": git_revision(inputs.root),
         "params": inputs.params_text,
         "optimizer": inputs.spec.train.optimizer,

@@ -3,7 +3,8 @@
 Runs inside the framework's environment (onnxruntime is installed in each). Loads the trained weights
 through the backend (build + predict, as the pipeline uses them) and model.onnx into an ONNX Runtime
 session with the same number of intra-op threads, then times both (benchmarks/latency.py).
-Writes reports/latency/<model>/<framework>.json; the report stage shows it. Numbers, not checks.
+Writes reports/latency/<model>/<framework>.json (pipelines/paths.py); the report stage reads it as a file.
+Numbers, not checks.
 """
 
 from __future__ import annotations
@@ -12,17 +13,12 @@ import time
 
 from benchmarks import latency
 from pipelines import paths
+from pipelines.environments import ENVIRONMENTS
 from pipelines.stages import StageError, framework_stage_args, stage_main
-from pipelines.stages.backend import load_backend
+from pipelines.stages.backend import load_backend, model_config
 from rosetta_common.data import load_prepared
 from rosetta_common.io import write_json
 from rosetta_common.weights import load_weights
-
-VERSIONS = {
-    "torch": ["torch"],
-    "tf": ["tensorflow", "tensorflow-cpu", "keras"],
-    "jax": ["jax", "jaxlib", "flax"],
-}
 
 
 def main(argv: list[str]) -> int:
@@ -33,8 +29,10 @@ def main(argv: list[str]) -> int:
         if not path.is_file():
             raise StageError(f"{path}: missing; run the train and export stages first (dvc repro)")
     backend = load_backend(fw, spec.seed)
-    images = load_prepared(paths.PREPARED).test_images
-    model = backend.build(arch, spec, load_weights(paths.trained_weights(arch, fw)))
+    data = load_prepared(paths.PREPARED)
+    images = data.test_images
+    config = model_config(spec, arch, data)
+    model = backend.build(config, load_weights(paths.trained_weights(arch, fw), config))
 
     threads = latency.framework_threads(fw)
     ort_threads = threads["intra_op"] or latency.available_cores()
@@ -45,7 +43,7 @@ def main(argv: list[str]) -> int:
     measured = time.perf_counter()
 
     write_json(
-        latency.record_path(arch, fw),
+        paths.latency_record(arch, fw),
         {
             "framework": fw,
             "model": arch,
@@ -54,7 +52,8 @@ def main(argv: list[str]) -> int:
             "results": results,
             "settings": latency.settings_dict(settings),
             "environment": latency.environment(threads, ort_threads),
-            "versions": latency.versions([*VERSIONS.get(fw, []), "onnxruntime", "numpy"]),
+            # What ran, as installed (the report shows these next to the locks' pins): pyproject's distributions.
+            "versions": latency.versions([*ENVIRONMENTS[fw].distributions, "onnxruntime", "numpy"]),
             # Framework import, model build and session creation vs the measuring itself.
             "setup_seconds": ready - started,
             "measure_seconds": measured - ready,

@@ -1,16 +1,15 @@
-# rosetta-tf: the tf environment's lock, installed offline and hash-checked, and nothing else.
-# Our own code (packages/common, packages/tf_impl, pipelines) is not in the image: the runner mounts the checkout
-# and puts it on PYTHONPATH, so a stage always runs the code it was started from (as the local runtime does).
-#
-# Built by `python -m pipelines.containers build --variant cpu|cuda tf` (see containers/README.md), with a
-# build context that holds only requirements.lock and wheels/ (the lock's wheels, downloaded on the host).
-#
-# CUDA (the default base): tensorflow[and-cuda] brings its CUDA 12 libraries as wheels (nvidia-*-cu12), so the
-# small `base` flavour is enough; it still sets NVIDIA_REQUIRE_CUDA, so a driver too old for CUDA 12.9 is refused
-# at start. (The lock's onnxruntime-gpu is built for CUDA 13 and finds no CUDA 13 libraries here: ONNX Runtime
-# in this image runs on CPU. Validation runs in rosetta-validation, which has them.)
-# CPU: the same recipe with --build-arg BASE_IMAGE=rosetta-base:bookworm (made locally) and VARIANT=cpu.
-ARG BASE_IMAGE=nvidia/cuda:12.9.1-base-ubuntu22.04@sha256:59436e8ac61921052d8f420be8b8cb8b117f1d7cc643397a289e37aaa0b83ea1
+# rosetta-<env>:<variant>: one environment's lock, installed offline and hash-checked, and nothing else. One recipe
+# for all four environments (torch, tf, jax, validation) and both variants: what differs between them is data in
+# pyproject.toml's [tool.rosetta.environments], passed as build arguments by `python -m pipelines.images build`:
+#   ENV_NAME     the environment (its lock is the build context's requirements.lock)
+#   TITLE        how the image describes it
+#   BASE_IMAGE   its `cuda_base` (pinned there), or for CPU the local Debian base rosetta-base:bookworm
+#   VARIANT, REVISION, FRAMEWORK, FRAMEWORK_VERSION, LOCK_SHA256: labels
+# Our own code (packages/common, the framework package, pipelines) is not in the image: the runner mounts the
+# checkout and puts it on PYTHONPATH, so a stage always runs the code it was started from (as the local runtime).
+# The build context holds only requirements.lock and wheels/ (the lock's wheels, downloaded on the host).
+# No default base: each environment needs its own (CUDA 12 or 13, cuDNN or not), so a build without one must fail.
+ARG BASE_IMAGE
 
 FROM ${BASE_IMAGE} AS python
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
@@ -42,17 +41,20 @@ RUN python3.11 -m venv /opt/installer \
 
 FROM python
 ARG BASE_IMAGE
+ARG ENV_NAME
+ARG TITLE=${ENV_NAME}
 ARG VARIANT=cuda
 ARG REVISION=unknown
+ARG FRAMEWORK=unknown
 ARG FRAMEWORK_VERSION=unknown
 ARG LOCK_SHA256=unknown
-LABEL org.opencontainers.image.title="rosetta-tf" \
-      org.opencontainers.image.description="Rosetta TensorFlow/Keras environment (${VARIANT}), code mounted at run" \
+LABEL org.opencontainers.image.title="rosetta-${ENV_NAME}" \
+      org.opencontainers.image.description="Rosetta ${TITLE} environment (${VARIANT}); code mounted at run time" \
       org.opencontainers.image.revision="${REVISION}" \
       org.opencontainers.image.base.name="${BASE_IMAGE}" \
-      rosetta.environment="tf" \
+      rosetta.environment="${ENV_NAME}" \
       rosetta.variant="${VARIANT}" \
-      rosetta.framework="tensorflow" \
+      rosetta.framework="${FRAMEWORK}" \
       rosetta.framework.version="${FRAMEWORK_VERSION}" \
       rosetta.lock.sha256="${LOCK_SHA256}"
 ENV VIRTUAL_ENV=/opt/venv \

@@ -1,0 +1,113 @@
+"""The isolated environments, read once from pyproject.toml's [tool.rosetta.environments]: which member folder
+each is built from, where its locks are, what a stage sees inside it, and the one lock hash everything keys on.
+
+Every other module (the runner, the lock writer, the container runtime and image builder, the report, the bench
+stage) takes these facts from here. It imports only the standard library, so any environment can import it,
+and nothing in pipelines/ below it: no module imports the runner for a constant.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+VARIANTS = ("cpu", "cuda")
+# Every lock is resolved for this interpreter and platform (pipelines/lock.py); images install for them too.
+PYTHON_VERSION = "3.11"
+PLATFORM = "x86_64-manylinux_2_28"
+
+
+@dataclass(frozen=True)
+class Environment:
+    name: str
+    package: str  # member folder, relative to the repository root
+    framework: bool  # a framework package: its src/ goes on a stage's PYTHONPATH
+    title: str
+    distributions: tuple[str, ...]  # what names its framework, most telling first
+    cuda_base: str  # the CUDA image's base
+
+    def lock(self, variant: str, root: Path = REPO_ROOT) -> Path:
+        return root / self.package / f"requirements-{variant}.lock"
+
+
+def read(root: Path = REPO_ROOT) -> dict[str, Environment]:
+    """[tool.rosetta.environments] of `root`'s pyproject.toml, in file order."""
+    with open(root / "pyproject.toml", "rb") as f:
+        table = tomllib.load(f)["tool"]["rosetta"]["environments"]
+    return {
+        name: Environment(
+            name=name,
+            package=spec["package"],
+            framework=bool(spec.get("framework", False)),
+            title=spec.get("title", name),
+            distributions=tuple(spec.get("distributions", ())),
+            cuda_base=spec.get("cuda_base", ""),
+        )
+        for name, spec in table.items()
+    }
+
+
+ENVIRONMENTS: dict[str, Environment] = read()
+FRAMEWORKS: tuple[str, ...] = tuple(name for name, env in ENVIRONMENTS.items() if env.framework)
+
+
+def lock_path(env: str, variant: str) -> Path:
+    return ENVIRONMENTS[env].lock(variant)
+
+
+def lock_sha256(lock: Path, salt: bytes = b"") -> str:
+    """The one lock hash: the image label, the report's manifest and (salted with the interpreter) the key of a
+    local environment all use it, so a lock edit is seen the same way everywhere."""
+    digest = hashlib.sha256(lock.read_bytes())
+    digest.update(salt)
+    return digest.hexdigest()
+
+
+def envs_dir() -> Path:
+    """Where environments live; tests point temporary copies of the repo at the same folder."""
+    return Path(os.environ.get("ROSETTA_ENVS_DIR", REPO_ROOT / ".envs")).resolve()
+
+
+def find_links() -> str | None:
+    """A local wheel folder configured for pip (uv does not read pip's config), if any."""
+    for var in ("ROSETTA_FIND_LINKS", "UV_FIND_LINKS", "PIP_FIND_LINKS"):
+        if os.environ.get(var):
+            return os.environ[var]
+    out = subprocess.run(
+        [sys.executable, "-m", "pip", "config", "get", "global.find-links"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    value = out.stdout.strip()
+    return value.split()[0] if out.returncode == 0 and value else None
+
+
+def stage_environment(env: str, env_dir: Path) -> dict[str, str]:
+    """Process environment for a command in `env`: its interpreter first on PATH, our sources on PYTHONPATH.
+
+    Both runtimes use it (the local runner as is, the container runtime with the image's venv), so a stage sees
+    the same variables wherever it runs."""
+    paths = [REPO_ROOT / "packages/common/src"]
+    if ENVIRONMENTS[env].framework:
+        paths.append(REPO_ROOT / ENVIRONMENTS[env].package / "src")
+    paths.append(REPO_ROOT)
+    base = {k: v for k, v in os.environ.items() if k not in ("PYTHONHOME", "PYTHONPATH")}
+    return {
+        **base,
+        "VIRTUAL_ENV": str(env_dir),
+        "PATH": f"{env_dir / 'bin'}{os.pathsep}{base.get('PATH', '')}",
+        "PYTHONPATH": os.pathsep.join(str(p) for p in paths),
+        "PYTHONHASHSEED": "0",
+        "ROSETTA_ENV": env,
+        # Quiet, deterministic framework start-up; each package switches on its own determinism API too.
+        "TF_CPP_MIN_LOG_LEVEL": base.get("TF_CPP_MIN_LOG_LEVEL", "2"),
+        "TF_DETERMINISTIC_OPS": "1",
+        "CUBLAS_WORKSPACE_CONFIG": ":4096:8",
+    }

@@ -1,0 +1,277 @@
+"""Every table of the report, built once here from the collected inputs and rendered by both templates.
+
+A table is data (columns, rows of cells with their text already formatted); each template only says how a table
+looks in its format, so report.html and report.md cannot drift apart. Figures stay HTML-only (render.py)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipelines.report import analysis
+from pipelines.report.collect import Inputs
+from pipelines.report.environment import EnvironmentRow
+
+MISSING = "—"
+
+
+def fmt(value: Any, kind: str = "g") -> str:
+    """One number formatter for every table; a missing or non-finite value shows as a dash."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return MISSING
+    if isinstance(value, str):
+        return value
+    formats = {
+        "sci": lambda v: f"{v:.2e}",
+        "pct": lambda v: f"{100 * v:.2f} %",
+        "int": lambda v: f"{int(v):,}",
+        "s": lambda v: f"{v:.2f} s",
+        "ms": lambda v: f"{v:.3f}",
+        "x": lambda v: f"{v:.2f}x",
+        "loss": lambda v: f"{v:.5f}",
+        "rate": lambda v: f"{v:,.0f}",
+        "kib": lambda v: f"{v / 1024:,.1f} KiB",
+        "g": lambda v: f"{v:.4g}",
+    }
+    return formats[kind](value)
+
+
+@dataclass(frozen=True)
+class Column:
+    label: str
+    left: bool = False  # text columns align left, numbers right
+
+
+@dataclass(frozen=True)
+class Cell:
+    text: str
+    lines: tuple[str, ...] = ()  # several values in one cell (I/O tensors, packages): HTML breaks, Markdown "; "
+    sub: str = ""  # a second, quieter line (the tolerance a figure was judged against)
+    mono: bool = False  # code: names of checks, files, ops
+    header: bool = False  # a row label (the parity matrix's first column)
+    failed: bool = False  # shown as a failure (red in HTML; the text carries the mark for Markdown)
+
+
+@dataclass
+class Row:
+    cells: list[Cell]
+    failed: bool = False  # the whole row is a failed check
+
+
+@dataclass
+class Table:
+    title: str
+    columns: list[Column]
+    rows: list[Row]
+    note: str = ""  # under the table
+    empty: str = "Nothing to show."  # said instead of a table without rows
+    collapsed: bool = False  # long detail: HTML folds it (open where a row failed)
+
+    @property
+    def any_failed(self) -> bool:
+        return any(row.failed or any(c.failed for c in row.cells) for row in self.rows)
+
+
+@dataclass
+class Group:
+    """One model's part of a section: its tables, and in HTML its figures (data URIs)."""
+
+    name: str
+    tables: list[Table]
+    figures: list[tuple[str, str]] = field(default_factory=list)  # (data URI, alt text); HTML only
+
+
+def cell(value: Any, kind: str = "g", **flags: Any) -> Cell:
+    return Cell(fmt(value, kind), **flags)
+
+
+def text(value: str, **flags: Any) -> Cell:
+    return Cell(value, **flags)
+
+
+def _columns(*labels: str, left: tuple[int, ...] = (0,)) -> list[Column]:
+    return [Column(label, i in left) for i, label in enumerate(labels)]
+
+
+def failures(verdict: analysis.Verdict) -> Table:
+    rows = [
+        Row(
+            [
+                text(f.model),
+                text(f.framework),
+                text(f.check, mono=True),
+                cell(f.value, "sci"),
+                cell(f.tolerance),
+                text(f.by),
+            ],
+            failed=True,
+        )
+        for f in verdict.failures
+    ]
+    columns = _columns("model", "framework(s)", "check", "value", "tolerance", "by how much", left=(0, 1, 2, 5))
+    return Table("Failed checks", columns, rows)
+
+
+def runs(inputs: Inputs, model: str) -> Table:
+    rows = [
+        Row(
+            [
+                text(r["framework"]),
+                cell(r["parameters"], "int"),
+                cell(r["test_accuracy"], "pct"),
+                cell(r["test_loss"], "loss"),
+                cell(r["final_train_loss"], "loss"),
+                cell(r["train_seconds"], "s"),
+                cell(r["samples_per_second"], "rate"),
+                cell(r["native_export_seconds"], "s"),
+                cell(r["onnx_export_seconds"], "s"),
+                text(r["native_formats"] or MISSING),
+            ]
+        )
+        for r in analysis.run_rows(inputs, model)
+    ]
+    labels = ("framework", "parameters", "test accuracy", "test loss", "final train loss", "train time", "samples/s")
+    columns = _columns(*labels, "native export", "ONNX export", "native formats", left=(0, 9))
+    return Table("Size, quality, training and export", columns, rows)
+
+
+def epoch_losses(inputs: Inputs, model: str) -> Table:
+    logs = {fw: inputs.run(model, fw).train_log or {} for fw in inputs.frameworks}
+    epochs = max((len(log.get("epoch_losses", [])) for log in logs.values()), default=0)
+
+    def loss(fw: str, epoch: int) -> float | None:
+        losses = logs[fw].get("epoch_losses") or []
+        return losses[epoch] if epoch < len(losses) else None
+
+    rows = [Row([text(str(e + 1)), *(cell(loss(fw, e), "loss") for fw in inputs.frameworks)]) for e in range(epochs)]
+    columns = _columns("epoch", *inputs.frameworks, left=())
+    return Table("Epoch losses (means)", columns, rows, empty="No train logs.", collapsed=True)
+
+
+def forward_parity(matrix: analysis.ParityMatrix) -> Table:
+    rows = []
+    for i, values in enumerate(matrix.values):
+        cells = [text(matrix.labels[i], header=True)]
+        for j, value in enumerate(values):
+            failed = matrix.passed[i][j] is False
+            shown = MISSING if i == j else fmt(value, "sci")
+            cells.append(text(shown + (" ✗" if failed else ""), failed=failed))
+        rows.append(Row(cells))
+    columns = _columns("max |diff|", *matrix.labels)
+    note = f"tolerance {fmt(matrix.tolerance)}"
+    return Table("Forward parity (init.onnx, ONNX Runtime)", columns, rows, note=note)
+
+
+def training_parity(inputs: Inputs, model: str) -> Table:
+    rows = []
+    for fig in analysis.training_parity(inputs, model):
+        cells = [text(fig["pair"])]
+        for key, *_ in analysis.TRAINING_FIGURES:
+            c: analysis.Cell = fig["cells"][key]
+            mark = " ✓" if c.passed is True else (" ✗" if c.passed is False else "")
+            sub = f"tol {fmt(c.tolerance)}{mark}" if c.tolerance is not None else ""
+            cells.append(cell(c.value, "sci", sub=sub, failed=c.passed is False))
+        rows.append(Row(cells))
+    columns = _columns("pair", *(label for _, label, _, _ in analysis.TRAINING_FIGURES))
+    return Table("Training parity", columns, rows, empty="No training-parity figures.")
+
+
+def onnx_files(inputs: Inputs, model: str) -> Table:
+    rows = []
+    for fw in inputs.frameworks:
+        for name in ("model.onnx", "init.onnx"):
+            s = inputs.run(model, fw).onnx.get(name)
+            head = [text(fw), text(name, mono=True)]
+            if s is None:
+                rows.append(Row([*head, text("missing"), *(text("") for _ in range(8))]))
+                continue
+            rows.append(
+                Row(
+                    [
+                        *head,
+                        cell(s.bytes, "kib"),
+                        cell(s.opset, "int"),
+                        text(str(s.ir_version)),
+                        text(s.producer),
+                        cell(s.nodes, "int"),
+                        cell(s.initializers, "int"),
+                        cell(s.initializer_values, "int"),
+                        Cell("", lines=tuple(str(t) for t in s.inputs), mono=True),
+                        Cell("", lines=tuple(str(t) for t in s.outputs), mono=True),
+                    ]
+                )
+            )
+    labels = ("framework", "file", "size", "opset", "IR", "producer", "nodes", "initializers", "weights")
+    columns = _columns(*labels, "inputs", "outputs", left=(0, 1, 5, 9, 10))
+    note = "Nodes count every node, subgraphs and local functions included; weights are the initializers' elements."
+    return Table("ONNX files", columns, rows, note=note)
+
+
+def op_types(inputs: Inputs, model: str) -> Table:
+    _, op_rows = analysis.op_table(inputs, model)
+    rows = [Row([text(r["op"], mono=True), *(cell(r[fw], "int") for fw in inputs.frameworks)]) for r in op_rows]
+    return Table("Op types (model.onnx)", _columns("op type", *inputs.frameworks), rows, empty="No ONNX files.")
+
+
+def latency(inputs: Inputs, model: str) -> Table:
+    rows = [
+        Row(
+            [
+                text(r["framework"]),
+                text(str(r["batch"])),
+                cell(r["native_median_ms"], "ms"),
+                cell(r["onnx_median_ms"], "ms"),
+                cell(r["native_over_onnx"], "x"),
+                text(str(r["repeats"])),
+                text(f"{r['framework_threads']} / {r['onnx_threads']}"),
+                cell(r.get("outputs_max_abs_diff"), "sci"),
+            ]
+        )
+        for r in analysis.latency_rows(inputs, model)
+    ]
+    labels = ("framework", "batch", "native median ms", "ONNX Runtime median ms", "native / ORT", "repeats")
+    columns = _columns(*labels, "threads (framework / ORT)", "outputs max |diff|")
+    return Table("Latency", columns, rows, empty="No latency records (run the bench stages).")
+
+
+def environments(rows: list[EnvironmentRow]) -> Table:
+    def pins(packages: dict[str, str]) -> Cell:
+        return Cell("" if packages else MISSING, lines=tuple(f"{n}=={v}" for n, v in packages.items()), mono=True)
+
+    table_rows = [
+        Row(
+            [
+                text(e.name),
+                text(e.python or MISSING),
+                pins(e.packages),
+                pins(e.measured),
+                text(e.lock, mono=True),
+                text(e.lock_sha256 or "missing", mono=True, sub=e.note),
+            ]
+        )
+        for e in rows
+    ]
+    labels = ("environment", "Python", "key packages (as locked)", "as installed (bench records)", "lock")
+    return Table("Environments", _columns(*labels, "lock sha256", left=tuple(range(6))), table_rows)
+
+
+def checks(inputs: Inputs, model: str) -> Table:
+    found = analysis.check_rows(inputs, model)
+    rows = [
+        Row(
+            [
+                text(r["framework"]),
+                text(r["check"], mono=True),
+                cell(r.get("max_abs_err"), "sci"),
+                cell(r.get("tolerance")),
+                text("yes" if r.get("passed") else "NO", failed=not r.get("passed")),
+                text(r.get("detail", "")),
+            ],
+            failed=not r.get("passed"),
+        )
+        for r in found
+    ]
+    failed = sum(not r.get("passed") for r in found)
+    columns = _columns("framework(s)", "check", "value", "tolerance", "passed", "detail", left=(0, 1, 4, 5))
+    return Table(f"{model}: {len(found)} checks, {failed} failed", columns, rows, empty="No checks.", collapsed=True)

@@ -1,0 +1,185 @@
+"""The import structure, read with `ast` (nothing is imported): no cycles among our modules or packages, the
+shared package free of frameworks, each framework package on its own, the report free of benchmark code.
+
+Every import counts, also one inside a function: a lazy import still ties two modules together, and it is how
+the old runner -> containers -> lock -> runner cycle hid."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+FRAMEWORK_PACKAGES = ("rosetta_torch", "rosetta_tf", "rosetta_jax")
+FRAMEWORKS = ("torch", "tensorflow", "keras", "jax", "flax", "optax", "onnxruntime", "tf2onnx", "jax2onnx")
+ROOTS = [REPO / "pipelines", REPO / "benchmarks", *sorted((REPO / "packages").glob("*/src/*"))]
+
+
+@dataclass(frozen=True)
+class Import:
+    module: str  # the importing module, dotted
+    target: str  # what it imports, dotted (for `from a import b`: a.b where that is a module, else a)
+    top_level: bool  # at module level (not inside a function or class body), so it runs on import
+    line: int
+
+
+def module_name(path: Path) -> str:
+    for root in ROOTS:
+        if root in path.parents:
+            rel = path.relative_to(root.parent).with_suffix("")
+            parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+            return ".".join(parts)
+    raise ValueError(path)
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for root in ROOTS:
+        for path in root.rglob("*.py"):
+            if "tests" not in path.relative_to(root).parts:
+                found[module_name(path)] = path
+    return found
+
+
+MODULES = modules()
+
+
+def _resolve(module: str, path: Path, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module or ""
+    package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+    base = package[: len(package) - node.level + 1]
+    return ".".join([*base, *([node.module] if node.module else [])])
+
+
+def imports_of(module: str, path: Path) -> Iterator[Import]:
+    tree = ast.parse(path.read_text(), str(path))
+    top = {id(n) for n in tree.body}
+    # Module-level code also includes the bodies of top-level if/try blocks (optional imports).
+    for stmt in tree.body:
+        if isinstance(stmt, ast.If | ast.Try):
+            top |= {id(n) for n in ast.walk(stmt) if not isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
+    # `if TYPE_CHECKING:` imports never run: annotations may name a module that imports this one.
+    typing_only = {
+        id(n)
+        for stmt in ast.walk(tree)
+        if isinstance(stmt, ast.If) and "TYPE_CHECKING" in ast.unparse(stmt.test)
+        for n in ast.walk(stmt)
+    }
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield Import(module, alias.name, id(node) in top, node.lineno)
+        elif isinstance(node, ast.ImportFrom):
+            base = _resolve(module, path, node)
+            for alias in node.names:
+                candidate = f"{base}.{alias.name}"
+                yield Import(module, candidate if candidate in MODULES else base, id(node) in top, node.lineno)
+
+
+IMPORTS = [imp for module, path in MODULES.items() for imp in imports_of(module, path)]
+
+
+def _ours(target: str) -> str | None:
+    """The module of ours that `target` names (a dotted prefix of it), or None for a third-party import."""
+    parts = target.split(".")
+    for n in range(len(parts), 0, -1):
+        if ".".join(parts[:n]) in MODULES:
+            return ".".join(parts[:n])
+    return None
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt) :], nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_the_scan_sees_our_modules():
+    assert {"pipelines.runner", "pipelines.environments", "pipelines.containers", "rosetta_common"} <= set(MODULES)
+    assert any(m.startswith("rosetta_torch") for m in MODULES)
+
+
+def test_no_import_cycle_among_pipelines_modules():
+    """Module by module within pipelines/ (and benchmarks/); between packages, see the next test. (Inside a
+    framework package, a lazy import between two of its own modules is that package's business.)"""
+    graph: dict[str, set[str]] = {}
+    for imp in IMPORTS:
+        target = _ours(imp.target)
+        if target and target != imp.module and imp.module.split(".")[0] in ("pipelines", "benchmarks"):
+            graph.setdefault(imp.module, set()).add(target)
+    # A package's __init__ importing its own submodules is how packages re-export; a submodule importing the
+    # package back is the same pair seen from below. Neither is a cycle between two modules of ours.
+    for module, targets in graph.items():
+        graph[module] = {t for t in targets if not (t.startswith(module + ".") or module.startswith(t + "."))}
+    assert _cycle(graph) is None, " -> ".join(_cycle(graph) or [])
+
+
+def test_no_import_cycle_among_packages():
+    """Between our packages (rosetta_common, each framework package, benchmarks, and each subpackage of pipelines:
+    pipelines.stages, pipelines.report, and pipelines' own modules as one)."""
+
+    def package(name: str) -> str:
+        parts = name.split(".")
+        return ".".join(parts[:2]) if parts[0] == "pipelines" and len(parts) > 2 else parts[0]
+
+    graph: dict[str, set[str]] = {}
+    for imp in IMPORTS:
+        target = _ours(imp.target)
+        if target and package(target) != package(imp.module):
+            graph.setdefault(package(imp.module), set()).add(package(target))
+    assert _cycle(graph) is None, " -> ".join(_cycle(graph) or [])
+
+
+def _imports(prefix: str) -> list[Import]:
+    return [imp for imp in IMPORTS if imp.module == prefix or imp.module.startswith(prefix + ".")]
+
+
+def _names(imp: Import, names: tuple[str, ...]) -> bool:
+    return imp.target.split(".")[0] in names
+
+
+def test_rosetta_common_imports_no_framework_at_module_level():
+    found = [imp for imp in _imports("rosetta_common") if imp.top_level and _names(imp, FRAMEWORKS)]
+    assert not found, found
+
+
+@pytest.mark.parametrize("package", FRAMEWORK_PACKAGES)
+def test_a_framework_package_imports_no_other_framework_package_nor_pipelines(package):
+    others = tuple(p for p in FRAMEWORK_PACKAGES if p != package)
+    found = [imp for imp in _imports(package) if _names(imp, (*others, "pipelines", "benchmarks"))]
+    assert not found, found
+
+
+def test_the_report_imports_no_benchmark_code():
+    found = [imp for imp in _imports("pipelines.report") if _names(imp, ("benchmarks",))]
+    found += [imp for imp in _imports("pipelines.stages.report") if _names(imp, ("benchmarks",))]
+    assert not found, found
+
+
+def test_no_module_imports_the_runner_for_its_constants():
+    # The environment facts live in pipelines.environments; only the container runtime's caller is the runner.
+    found = [imp for imp in IMPORTS if _ours(imp.target) == "pipelines.runner"]
+    assert not found, found
