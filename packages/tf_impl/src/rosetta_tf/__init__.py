@@ -1,6 +1,8 @@
-"""Rosetta's models, training and export in TensorFlow / Keras 3 (the rosetta_common.interface Backend)."""
+"""Rosetta's models, training and export in TensorFlow / Keras 3: the backend contract of
+rosetta_common.interface."""
 
 import os
+import sys
 
 # Keras 3 picks its backend on first import; this package is the TensorFlow one.
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
@@ -10,11 +12,28 @@ import keras
 if keras.backend.backend() != "tensorflow":
     raise ImportError(f"rosetta_tf needs KERAS_BACKEND=tensorflow, not {keras.backend.backend()!r}")
 
-from rosetta_tf.export import export_native, export_onnx, load_native, predict
-from rosetta_tf.train import configure, train
-from rosetta_tf.weights import build, canonical_weights
+from rosetta_common.interface import check_backend
+from rosetta_tf.export import export_native, export_onnx, load_native
+from rosetta_tf.models import build, model_config, predict
+from rosetta_tf.train import apply_optimizer, configure, make_optimizer, train
+from rosetta_tf.weights import from_canonical, to_canonical
 
 FRAMEWORK = "tf"
 
-__all__ = ["FRAMEWORK", "build", "canonical_weights", "configure", "export_native", "export_onnx",
-           "load_native", "predict", "train"]
+__all__ = [
+    "FRAMEWORK",
+    "apply_optimizer",
+    "build",
+    "configure",
+    "export_native",
+    "export_onnx",
+    "from_canonical",
+    "load_native",
+    "make_optimizer",
+    "model_config",
+    "predict",
+    "to_canonical",
+    "train",
+]
+
+check_backend(sys.modules[__name__])  # a missing or misplaced contract function fails here, by name

@@ -1,19 +1,27 @@
-"""The three architectures as Keras 3 functional models (see rosetta_common.reference for their meaning).
+"""The three architectures as Keras 3 functional models (see rosetta_common.reference for their meaning), and
+the contract's build(), predict() and model_config().
 
 Every layer is named after its canonical parameter prefix ("hidden", "conv1", "block", ...), so
 weights.py maps names one to one. The attention block is written with keras.ops (not
 keras.layers.MultiHeadAttention, whose per-head kernels and all-or-nothing bias do not map one to one).
+Each model carries the validated ModelConfig it was built from (`model_config`): Keras' own model config
+knows layers, not the spec, so export.py stores it beside model.keras and puts it back on reload.
 """
 
 from __future__ import annotations
 
 import math
+import weakref
 from typing import Any
 
 import keras
+import numpy as np
+import tensorflow as tf
 from keras import layers, ops
 
-from rosetta_common.spec import Spec
+from rosetta_common.onnx_conventions import INPUT_NAME
+from rosetta_common.spec import AttentionSpec, CNNSpec, MLPSpec, ModelConfig
+from rosetta_common.weights import Weights
 
 PACKAGE = "rosetta_tf"  # registration namespace: load_model(safe_mode=True) finds our layers by it
 
@@ -115,26 +123,25 @@ class AddChannel(layers.Layer):
         return ops.expand_dims(x, -1)
 
 
-def mlp(spec: Spec, image_shape: tuple[int, int], num_classes: int) -> keras.Model:
+def mlp(settings: MLPSpec, image_shape: tuple[int, int], num_classes: int) -> keras.Model:
     inputs = keras.Input(shape=image_shape, name="images")
     x = layers.Flatten(name="flatten")(inputs)  # row-major, as the reference's reshape
-    x = layers.Dense(spec.architecture.mlp.hidden, activation="relu", name="hidden")(x)
+    x = layers.Dense(settings.hidden, activation="relu", name="hidden")(x)
     return keras.Model(inputs, layers.Dense(num_classes, name="head")(x), name="mlp")
 
 
-def cnn(spec: Spec, image_shape: tuple[int, int], num_classes: int) -> keras.Model:
-    c = spec.architecture.cnn
+def cnn(settings: CNNSpec, image_shape: tuple[int, int], num_classes: int) -> keras.Model:
     inputs = keras.Input(shape=image_shape, name="images")
     x = AddChannel(name="add_channel")(inputs)
-    x = layers.Conv2D(c.conv1_filters, 3, padding="same", activation="relu", name="conv1")(x)
+    x = layers.Conv2D(settings.conv1_filters, 3, padding="same", activation="relu", name="conv1")(x)
     x = layers.MaxPooling2D(pool_size=2, strides=2, name="pool")(x)  # "valid": floor, as the reference
-    x = layers.Conv2D(c.conv2_filters, 3, padding="same", activation="relu", name="conv2")(x)
+    x = layers.Conv2D(settings.conv2_filters, 3, padding="same", activation="relu", name="conv2")(x)
     x = layers.Flatten(name="flatten")(x)  # NHWC -> (h, w, c) order, the canonical one
     return keras.Model(inputs, layers.Dense(num_classes, name="head")(x), name="cnn")
 
 
-def attention(spec: Spec, image_shape: tuple[int, int], num_classes: int) -> keras.Model:
-    a = spec.architecture.attention
+def attention(settings: AttentionSpec, image_shape: tuple[int, int], num_classes: int) -> keras.Model:
+    a = settings
     inputs = keras.Input(shape=image_shape, name="images")  # each image row is one token
     x = layers.Dense(a.embed_dim, name="embed")(inputs)
     x = PositionEmbedding(name="pos_embedding")(x)
@@ -145,9 +152,60 @@ def attention(spec: Spec, image_shape: tuple[int, int], num_classes: int) -> ker
 
 
 BUILDERS = {"mlp": mlp, "cnn": cnn, "attention": attention}
+CONFIG_ATTR = "rosetta_config"  # the attribute a model keeps its ModelConfig under
 
 
-def create(arch: str, spec: Spec, image_shape: tuple[int, int], num_classes: int) -> keras.Model:
-    if arch not in BUILDERS:
-        raise ValueError(f"architecture {arch!r} is unknown; allowed: {', '.join(BUILDERS)}")
-    return BUILDERS[arch](spec, image_shape, num_classes)
+def attach_config(model: keras.Model, config: ModelConfig) -> keras.Model:
+    """Record `config` on `model` (also used by export.load_native on a reloaded model.keras)."""
+    setattr(model, CONFIG_ATTR, config)
+    return model
+
+
+def create(config: ModelConfig) -> keras.Model:
+    """The Keras model of `config`, with Keras' initial weights (build() replaces them)."""
+    builder = BUILDERS[config.arch]  # ModelConfig admits only these architectures
+    return attach_config(builder(config.settings, config.image_shape, config.num_classes), config)
+
+
+def build(config: ModelConfig, weights: Weights) -> keras.Model:
+    """The Keras model of `config` holding copies of these canonical weights (WeightsError if they do not fit).
+
+    Keras has no persistent train/eval mode: predict() and the exports call the model with training=False,
+    and only fit() runs it with training=True.
+    """
+    from rosetta_tf.weights import from_canonical  # weights.py imports this module
+
+    model = create(config)
+    from_canonical(model, weights)
+    return model
+
+
+def model_config(model: keras.Model) -> ModelConfig:
+    config = getattr(model, CONFIG_ATTR, None)
+    if not isinstance(config, ModelConfig):
+        raise ValueError(f"Keras model {model.name!r} has no Rosetta ModelConfig: make it with rosetta_tf.build")
+    return config
+
+
+def image_spec(model: keras.Model) -> tf.TensorSpec:
+    """Dynamic batch, the model's static (height, width): the one signature predict and every export use."""
+    height, width = model_config(model).image_shape
+    return tf.TensorSpec([None, height, width], tf.float32, name=INPUT_NAME)
+
+
+# One traced forward per model. A graph (not an eager call), so predict gets the same graph rewrites as
+# the SavedModel's serve endpoint; a dynamic-batch signature, so no batch size retraces (Keras'
+# predict_on_batch retraces for each new size, and model.predict splits into batches of 32).
+_FORWARDS: weakref.WeakKeyDictionary[keras.Model, Any] = weakref.WeakKeyDictionary()
+
+
+def _forward(model: keras.Model) -> Any:
+    if model not in _FORWARDS:
+        _FORWARDS[model] = tf.function(lambda images: model(images, training=False),
+                                       input_signature=[image_spec(model)])
+    return _FORWARDS[model]
+
+
+def predict(model: keras.Model, images: np.ndarray) -> np.ndarray:
+    """Logits (batch, classes) float32 for float32 images (batch, height, width)."""
+    return np.asarray(_forward(model)(tf.convert_to_tensor(np.asarray(images, np.float32))), dtype=np.float32)

@@ -1,9 +1,9 @@
-"""Seeding/determinism and training with Keras' own compile + fit, on the common batches in common order.
+"""Seeding/determinism, the optimizers, and training with Keras' own compile + fit on a TrainPlan's batches.
 
 Parity with the other frameworks needs three things Keras does not give by default:
 - torch's Adam formula (Keras' Adam adds epsilon before the bias correction): TorchAdam below;
-- exactly the common batches in exactly the common order: a tf.data pipeline over the concatenated
-  per-epoch index orders of rosetta_common.data.epoch_batches, consumed by fit with steps_per_epoch;
+- exactly the common batches in exactly the common order: a tf.data pipeline over the plan's index
+  batches (TrainPlan.all_batches), consumed by fit with steps_per_epoch;
 - the exact float32 loss of every step: Keras' logs["loss"] is a running mean over the epoch, so the
   StepLoss metric keeps the last batch's loss, computed with the very loss object fit differentiates.
 """
@@ -11,6 +11,7 @@ Parity with the other frameworks needs three things Keras does not give by defau
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import keras
@@ -19,10 +20,13 @@ import tensorflow as tf
 from keras import ops
 from tqdm.auto import tqdm
 
-from rosetta_common.data import Dataset, epoch_batches
+from rosetta_common.data import Dataset
+from rosetta_common.errors import TrainingError
 from rosetta_common.interface import TrainResult
 from rosetta_common.seeding import seed_everything
-from rosetta_common.spec import AdamSpec, SGDSpec, Spec
+from rosetta_common.spec import AdamSpec, SGDSpec
+from rosetta_common.training import OptimizerSpec, TrainPlan
+from rosetta_common.weights import Weights
 from rosetta_tf.models import PACKAGE
 
 
@@ -79,15 +83,36 @@ class TorchAdam(keras.optimizers.Optimizer):
                 "beta_2": self.beta_2, "epsilon": self.epsilon}
 
 
-def make_optimizer(spec: Spec, arch: str) -> keras.optimizers.Optimizer:
-    opt, lr = spec.optimizer, spec.learning_rate(arch)  # the rate may be given per architecture
-    if isinstance(opt, AdamSpec):
-        return TorchAdam(lr, opt.beta1, opt.beta2, opt.epsilon)
-    if isinstance(opt, SGDSpec):
-        # Keras' v = m*v - lr*g; p += v is torch's b = m*b + g; p -= lr*b for a constant learning rate
-        # (tests/test_train.py checks it against rosetta_common.optim.sgd_step).
-        return keras.optimizers.SGD(learning_rate=lr, momentum=opt.momentum)
-    raise ValueError(f"optimizer {spec.train.optimizer!r} is unknown; allowed: adam, sgd")
+def make_optimizer(model: keras.Model | None, optimizer: OptimizerSpec, num_steps: int) -> keras.optimizers.Optimizer:
+    """The Keras optimizer computing rosetta_common.optim's formula for `optimizer` (one learning rate, as
+    TrainPlan resolves it). `model` and `num_steps` are part of the shared signature; Keras optimizers
+    create their slots on first use and the rate is constant, so neither is needed here."""
+    if not isinstance(optimizer, AdamSpec | SGDSpec):
+        raise TypeError(f"optimizer {type(optimizer).__name__}: unknown; allowed: AdamSpec, SGDSpec")
+    if isinstance(optimizer.learning_rate, dict):
+        raise TypeError(f"learning_rate = {optimizer.learning_rate!r}: one number expected "
+                        "(rosetta_common.training.plan resolves per-model rates)")
+    if isinstance(optimizer, AdamSpec):
+        return TorchAdam(optimizer.learning_rate, optimizer.beta1, optimizer.beta2, optimizer.epsilon)
+    # SGD: Keras' v = m*v - lr*g; p += v is torch's b = m*b + g; p -= lr*b for a constant learning rate
+    # (the conformance suite checks it against rosetta_common.optim.sgd_step).
+    return keras.optimizers.SGD(learning_rate=optimizer.learning_rate, momentum=optimizer.momentum)
+
+
+def run_optimizer(optimizer: keras.optimizers.Optimizer, params: Weights, grads: Sequence[Weights]) -> list[Weights]:
+    """Run a Keras optimizer on keras Variables holding `params`, one apply_gradients per gradient dict;
+    the parameters after each step, as float32 numpy dicts."""
+    variables = {name: keras.Variable(np.asarray(value, np.float32)) for name, value in params.items()}
+    trajectory = []
+    for grad in grads:
+        optimizer.apply_gradients([(tf.constant(grad[name], tf.float32), var) for name, var in variables.items()])
+        trajectory.append({name: np.array(var.numpy(), dtype=np.float32) for name, var in variables.items()})
+    return trajectory
+
+
+def apply_optimizer(optimizer: OptimizerSpec, params: Weights, grads: Sequence[Weights]) -> list[Weights]:
+    """The optimizer make_optimizer builds for `optimizer`, run on these parameters and gradients."""
+    return run_optimizer(make_optimizer(None, optimizer, len(grads)), params, grads)
 
 
 def make_loss() -> keras.losses.Loss:
@@ -115,52 +140,61 @@ class StepLoss(keras.metrics.Metric):
 
 
 class _Record(keras.callbacks.Callback):
-    """Collects every step's loss and drives one tqdm bar over all steps."""
+    """Collects every step's loss and each epoch's wall time, and drives one tqdm bar over all steps."""
 
     def __init__(self, total_steps: int, desc: str) -> None:
         super().__init__()
         self.step_losses: list[float] = []
+        self.epoch_seconds: list[float] = []
+        self._epoch_start = 0.0
         self.bar = tqdm(total=total_steps, desc=desc, unit="step", leave=False)
+
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        self._epoch_start = time.perf_counter()
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         self.step_losses.append(float(np.float32((logs or {})["step_loss"])))
         self.bar.update(1)
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        self.epoch_seconds.append(time.perf_counter() - self._epoch_start)
         self.bar.set_postfix(epoch=epoch + 1, loss=f"{self.step_losses[-1]:.4f}")
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
         self.bar.close()
 
 
-def common_batches(data: Dataset, spec: Spec) -> tuple[tf.data.Dataset, int]:
-    """All epochs' batches, in the common order, as one tf.data stream; returns (dataset, steps per epoch).
+def plan_batches(plan: TrainPlan, data: Dataset) -> tf.data.Dataset:
+    """All epochs' batches, in the plan's order, as one tf.data stream.
 
-    Indices come from rosetta_common.data.epoch_batches (what iterate_batches yields); the gather runs
-    inside tf.data so fit never goes back to Python for data.
+    The gather runs inside tf.data so fit never goes back to Python for data.
     """
-    n, size = len(data.train_labels), spec.train.batch_size
-    order = np.stack([idx for epoch in range(spec.train.epochs)
-                      for idx in epoch_batches(n, size, spec.seed, epoch)])
+    if plan.num_samples != len(data.train_labels):
+        raise ValueError(f"the plan is for {plan.num_samples} training samples, the data has {len(data.train_labels)}")
     images, labels = tf.constant(data.train_images, tf.float32), tf.constant(data.train_labels, tf.int64)
-    ds = tf.data.Dataset.from_tensor_slices(order.astype(np.int64))
-    ds = ds.map(lambda idx: (tf.gather(images, idx), tf.gather(labels, idx))).prefetch(2)
-    return ds, len(order) // spec.train.epochs
+    ds = tf.data.Dataset.from_tensor_slices(plan.all_batches())
+    return ds.map(lambda idx: (tf.gather(images, idx), tf.gather(labels, idx))).prefetch(2)
 
 
-def train(model: keras.Model, arch: str, spec: Spec, data: Dataset) -> tuple[keras.Model, TrainResult]:
-    dataset, steps = common_batches(data, spec)
+def train(model: keras.Model, plan: TrainPlan, data: Dataset) -> TrainResult:
+    """Train `model` in place with compile + fit on the plan's batches; every step's loss and each epoch's time.
+
+    The model stays in inference mode afterwards: Keras keeps no mode, and predict() calls it with
+    training=False.
+    """
     # jit_compile=False: XLA fuses differently from the other frameworks' kernels (and Keras would
     # switch it on when a GPU is present); steps_per_execution=1 so every step's loss is seen.
-    model.compile(optimizer=make_optimizer(spec, arch), loss=make_loss(), metrics=[StepLoss()],
-                  jit_compile=False, steps_per_execution=1)
-    record = _Record(steps * spec.train.epochs, desc=f"tf {arch}")
+    model.compile(optimizer=make_optimizer(model, plan.optimizer, plan.num_steps), loss=make_loss(),
+                  metrics=[StepLoss()], jit_compile=False, steps_per_execution=1)
+    record = _Record(plan.num_steps, desc=f"tf {plan.arch}")
     start = time.perf_counter()
-    model.fit(dataset, epochs=spec.train.epochs, steps_per_epoch=steps, shuffle=False, verbose=0,
-              callbacks=[record])
+    model.fit(plan_batches(plan, data), epochs=plan.epochs, steps_per_epoch=plan.steps_per_epoch, shuffle=False,
+              verbose=0, callbacks=[record])
     seconds = time.perf_counter() - start
-    losses = record.step_losses
-    epoch_losses = [float(np.mean(losses[e * steps:(e + 1) * steps], dtype=np.float64))
-                    for e in range(spec.train.epochs)]
-    return model, TrainResult(step_losses=losses, epoch_losses=epoch_losses, train_seconds=seconds,
-                              extra={"steps_per_epoch": steps, "optimizer": spec.train.optimizer})
+    losses, steps = record.step_losses, plan.steps_per_epoch
+    if not np.isfinite(losses).all():
+        raise TrainingError(f"tf {plan.arch}: the training loss became non-finite at step "
+                            f"{int(np.argmin(np.isfinite(losses))) + 1} of {len(losses)}")
+    epoch_losses = [float(np.mean(losses[e * steps:(e + 1) * steps], dtype=np.float64)) for e in range(plan.epochs)]
+    return TrainResult(step_losses=losses, epoch_losses=epoch_losses, train_seconds=seconds,
+                       epoch_seconds=record.epoch_seconds, extra=plan.describe())
