@@ -1,4 +1,5 @@
-"""Fixtures shared by the tests: configure torch once, a small spec, a few images."""
+"""Fixtures of rosetta_torch's own tests (the conformance suite covers the contract): torch configured once,
+a few images."""
 
 from __future__ import annotations
 
@@ -6,18 +7,12 @@ import numpy as np
 import pytest
 
 import rosetta_torch
-from rosetta_common.spec import Spec
-from rosetta_common.testing import IMAGE_SHAPE, small_spec
+from rosetta_common.testing import IMAGE_SHAPE
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _configure() -> None:
     rosetta_torch.configure(0)
-
-
-@pytest.fixture(scope="session")
-def spec() -> Spec:
-    return small_spec()
 
 
 @pytest.fixture(scope="session")

@@ -1,84 +1,103 @@
-"""Canonical <-> torch weights: exact round trip, each layout rule pinned on its own, wrong weights refused."""
+"""torch's side of the canonical layout: state-dict names, each transpose pinned on one element, the CNN
+head's row permutation, and proof that the forward-vs-reference check catches a wrong one."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 import pytest
 import torch
 
 import rosetta_torch
-from rosetta_common.spec import Spec
-from rosetta_common.testing import ARCHS, IMAGE_SHAPE, asymmetric_weights
+from rosetta_common.metrics import max_abs_diff
+from rosetta_common.reference import forward
+from rosetta_common.spec import ModelConfig, Spec
+from rosetta_common.testing import asymmetric_weights, small_config
+from rosetta_torch import weights as torch_weights
 from rosetta_torch.weights import torch_name
 
-
-@pytest.mark.parametrize("shape", [IMAGE_SHAPE, (6, 10)])
-@pytest.mark.parametrize("arch", ARCHS)
-def test_round_trip_is_exact(arch: str, shape: tuple[int, int], spec: Spec) -> None:
-    weights = asymmetric_weights(arch, spec, 3, shape)
-    back = rosetta_torch.canonical_weights(rosetta_torch.build(arch, spec, weights, image_shape=shape))
-    assert list(back) == list(weights)  # same names, canonical order
-    for name, value in weights.items():
-        assert back[name].dtype == np.float32 and back[name].flags.c_contiguous
-        assert np.array_equal(back[name], value), name
+FORWARD_ABS = Spec().tolerances.forward_parity_abs  # the bound the conformance suite applies
+PLANTED_MIN_ERROR = 1e-2  # a wrong layout moves the logits by far more than float32 rounding
+NON_SQUARE = (6, 10)  # pooled 3 x 5 for the CNN: a swapped height/width cannot pass
 
 
-def test_every_torch_parameter_is_canonical(spec: Spec) -> None:
+def test_every_torch_parameter_is_canonical() -> None:
     """No torch parameter exists outside the canonical names (nothing silently left at its init)."""
-    weights = asymmetric_weights("attention", spec, 6)
-    model = rosetta_torch.build("attention", spec, weights)
+    config = small_config("attention")
+    weights = asymmetric_weights(config, 6)
+    model = rosetta_torch.build(config, weights)
     assert {name for name, _ in model.named_parameters()} == {torch_name(k) for k in weights}
+    assert torch_name("block.norm1.scale") == "block.norm1.weight"
+    assert torch_name("block.attn.query.kernel") == "block.attn.query.weight"
+    assert torch_name("pos_embedding") == "pos_embedding"
 
 
-def test_dense_and_conv_layouts(spec: Spec) -> None:
+def test_dense_and_conv_layouts() -> None:
     """Linear.weight is the transposed kernel; Conv2d.weight is OIHW: kernel.transpose(3, 2, 0, 1)."""
-    weights = asymmetric_weights("cnn", spec, 4)
-    model = rosetta_torch.build("cnn", spec, weights)
-    conv = model.conv2.weight.detach().numpy()
-    assert np.array_equal(conv, weights["conv2.kernel"].transpose(3, 2, 0, 1))
+    config = small_config("cnn")
+    weights = asymmetric_weights(config, 4)
+    conv = rosetta_torch.build(config, weights).conv2.weight.detach().cpu().numpy()
+    np.testing.assert_array_equal(conv, weights["conv2.kernel"].transpose(3, 2, 0, 1))
     o, i, kh, kw = 5, 2, 0, 1  # one element by hand: out channel o, in channel i, row kh, column kw
     assert conv[o, i, kh, kw] == weights["conv2.kernel"][kh, kw, i, o]
-    mlp = asymmetric_weights("mlp", spec, 4)
-    assert np.array_equal(rosetta_torch.build("mlp", spec, mlp).hidden.weight.detach().numpy(), mlp["hidden.kernel"].T)
+    config = small_config("mlp")
+    mlp = asymmetric_weights(config, 4)
+    hidden = rosetta_torch.build(config, mlp).hidden.weight.detach().cpu().numpy()
+    np.testing.assert_array_equal(hidden, mlp["hidden.kernel"].T)
 
 
-def test_cnn_head_rows_follow_the_nhwc_flatten(spec: Spec) -> None:
+def test_cnn_head_rows_follow_the_nhwc_flatten() -> None:
     """Canonical head row (h, w, c) is torch's input column (c, h, w) of the NCHW flatten."""
-    shape = (6, 10)  # pooled 3 x 5: non-square
-    weights = asymmetric_weights("cnn", spec, 5, shape)
-    head = rosetta_torch.build("cnn", spec, weights, image_shape=shape).head.weight.detach().numpy()
-    h2, w2, c2 = 3, 5, spec.architecture.cnn.conv2_filters
+    config = small_config("cnn", NON_SQUARE)
+    weights = asymmetric_weights(config, 5)
+    head = rosetta_torch.build(config, weights).head.weight.detach().cpu().numpy()
+    h2, w2, c2 = 3, 5, config.settings.conv2_filters
     for h, w, c in [(0, 0, 1), (2, 4, 7), (1, 3, 0)]:
-        assert np.array_equal(head[:, c * h2 * w2 + h * w2 + w], weights["head.kernel"][(h * w2 + w) * c2 + c])
+        assert head[:, c * h2 * w2 + h * w2 + w].tolist() == weights["head.kernel"][(h * w2 + w) * c2 + c].tolist()
 
 
-def test_build_copies_the_callers_arrays(spec: Spec) -> None:
-    weights = asymmetric_weights("mlp", spec, 5)
-    model = rosetta_torch.build("mlp", spec, weights)
-    weights["head.bias"][:] = 0.0
-    assert not np.array_equal(rosetta_torch.canonical_weights(model)["head.bias"], weights["head.bias"])
+Layout = Callable[[ModelConfig, str, np.ndarray], np.ndarray]
+_ORIGINAL: Layout = torch_weights.to_torch_layout
 
 
-def test_model_is_on_the_default_device_in_eval_mode(spec: Spec) -> None:
-    model = rosetta_torch.build("mlp", spec, asymmetric_weights("mlp", spec, 5))
+def _without_head_permutation(config: ModelConfig, name: str, value: np.ndarray) -> np.ndarray:
+    return value.T if name == "head.kernel" else _ORIGINAL(config, name, value)
+
+
+def _conv_kernel_as_hwoi(config: ModelConfig, name: str, value: np.ndarray) -> np.ndarray:
+    if name == "conv2.kernel":  # (kh, kw, in, out) -> (out, in, kw, kh): height and width swapped
+        return value.transpose(3, 2, 1, 0)
+    return _ORIGINAL(config, name, value)
+
+
+@pytest.mark.parametrize("planted", [_without_head_permutation, _conv_kernel_as_hwoi],
+                         ids=["cnn_head_unpermuted", "conv_kernel_transposed"])
+def test_forward_vs_reference_catches_a_planted_layout_bug(planted: Layout, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The conformance suite's forward check is what guards weights.py: with a wrong mapping planted, the
+    same comparison, which passes without it, must fail by orders of magnitude."""
+    config = small_config("cnn", NON_SQUARE)
+    weights = asymmetric_weights(config, 6)
+    images = np.random.default_rng(8).random((5, *NON_SQUARE), dtype=np.float32)
+    expected = forward(config, weights, images)
+    assert max_abs_diff(rosetta_torch.predict(rosetta_torch.build(config, weights), images), expected) <= FORWARD_ABS
+    monkeypatch.setattr(torch_weights, "to_torch_layout", planted)
+    wrong = rosetta_torch.predict(rosetta_torch.build(config, weights), images)
+    assert max_abs_diff(wrong, expected) >= PLANTED_MIN_ERROR
+
+
+def test_model_is_on_the_default_device_in_eval_mode() -> None:
+    config = small_config("mlp")
+    model = rosetta_torch.build(config, asymmetric_weights(config, 5))
     expected = "cuda" if torch.cuda.is_available() else "cpu"
     assert all(p.device.type == expected for p in model.parameters())
     assert not model.training
 
 
-def test_wrong_names_or_shapes_are_refused(spec: Spec) -> None:
-    weights = asymmetric_weights("mlp", spec, 7)
-    renamed = {("dense." + k if k.startswith("hidden") else k): v for k, v in weights.items()}
-    with pytest.raises(ValueError, match="names differ"):
-        rosetta_torch.build("mlp", spec, renamed)
-    with pytest.raises(ValueError, match="shape"):
-        rosetta_torch.build("mlp", spec, {**weights, "hidden.bias": np.zeros(31, np.float32)})
-    attention = asymmetric_weights("attention", spec, 7)
-    with pytest.raises(ValueError, match="names differ"):
-        rosetta_torch.build("attention", spec, {k: v for k, v in attention.items() if k != "block.attn.key.kernel"})
-
-
-def test_non_square_cnn_needs_the_image_shape(spec: Spec) -> None:
-    weights = asymmetric_weights("cnn", spec, 8, (6, 10))
-    with pytest.raises(ValueError, match="pass image_shape"):
-        rosetta_torch.build("cnn", spec, weights)
+def test_predict_leaves_no_autograd_state(images: np.ndarray) -> None:
+    config = small_config("mlp")
+    model = rosetta_torch.build(config, asymmetric_weights(config, 0))
+    model.train()
+    rosetta_torch.predict(model, images)
+    assert all(p.grad is None for p in model.parameters())
+    assert not model.training

@@ -17,19 +17,22 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from rosetta_common.errors import ArtifactError, ExportError, one_line
 from rosetta_common.interface import Predict
+from rosetta_common.io import atomic_path
+from rosetta_common.onnx_conventions import BATCH_DIM, INPUT_NAME, OPSETS, OUTPUT_NAME, conform
+from rosetta_common.spec import ModelConfig
 from rosetta_torch.models import make_module, predict
 
 STATE_FILE = "model.safetensors"
 PROGRAM_FILE = "model.pt2"
 FORMAT = "rosetta-torch-state-dict"
-ONNX_OPSET = 20  # the exporter's default in torch 2.13, named so that an upgrade cannot change it silently
 
 
 def _cpu_copy(model: nn.Module) -> nn.Module:
     """A CPU twin of the model in eval mode: exports must not move or mutate the caller's model, and a
     program traced on a GPU would only run there."""
-    twin = make_module(model.arch, model.config)
+    twin = make_module(model.config)
     twin.load_state_dict({k: v.detach().cpu() for k, v in model.state_dict().items()}, strict=True)
     return twin.eval()
 
@@ -42,61 +45,91 @@ def _example(example: np.ndarray) -> tuple[torch.Tensor]:
 
 
 def _dynamic_batch() -> dict[str, dict[int, torch.export.Dim]]:
-    return {"images": {0: torch.export.Dim("batch")}}
+    return {INPUT_NAME: {0: torch.export.Dim(BATCH_DIM)}}  # keyed by forward()'s argument, named `images`
 
 
 def export_native(model: nn.Module, out_dir: Path, example: np.ndarray) -> list[Path]:
-    """model.safetensors (state dict + the config that rebuilds the module) and model.pt2 (torch.export)."""
+    """model.safetensors (state dict + the ModelConfig as JSON, which rebuilds the module) and model.pt2
+    (torch.export); each written atomically."""
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     twin = _cpu_copy(model)
-    metadata = {"format": FORMAT, "architecture": twin.arch, "config": json.dumps(twin.config),
-                "torch_version": torch.__version__}
-    save_file({k: v.contiguous() for k, v in twin.state_dict().items()}, str(out_dir / STATE_FILE), metadata)
-    program = torch.export.export(twin, _example(example), dynamic_shapes=_dynamic_batch())
+    metadata = {"format": FORMAT, "config": twin.config.model_dump_json(), "torch_version": torch.__version__}
+    try:
+        program = torch.export.export(twin, _example(example), dynamic_shapes=_dynamic_batch())
+    except Exception as error:  # torch.export raises many types; the user needs the first line of one
+        raise ExportError(f"torch.export of {twin.config.arch}: {one_line(str(error))}") from error
     program.example_inputs = None  # else they are saved with torch.save, a pickle
-    torch.export.save(program, str(out_dir / PROGRAM_FILE))
+    with atomic_path(out_dir / STATE_FILE) as tmp:
+        save_file({k: v.contiguous() for k, v in twin.state_dict().items()}, str(tmp), metadata)
+    with atomic_path(out_dir / PROGRAM_FILE) as tmp:
+        torch.export.save(program, str(tmp))
     return [out_dir / STATE_FILE, out_dir / PROGRAM_FILE]
+
+
+def _require(path: Path) -> None:
+    if not path.is_file():
+        raise ArtifactError(f"{path}: native export file is missing")
 
 
 def load_state_file(path: Path) -> nn.Module:
     """The module rebuilt from model.safetensors alone (safetensors never unpickles)."""
-    with safe_open(str(path), framework="pt") as f:
-        metadata = f.metadata() or {}
+    _require(path)
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            metadata = f.metadata() or {}
+        tensors = load_file(str(path))
+    except Exception as error:  # safetensors raises its own SafetensorError for a damaged header
+        raise ArtifactError(f"{path}: not a readable safetensors file ({one_line(str(error))})") from None
     if metadata.get("format") != FORMAT:
-        raise ValueError(f"{path}: format {metadata.get('format')!r} is not {FORMAT!r}")
-    model = make_module(metadata["architecture"], json.loads(metadata["config"]))
-    model.load_state_dict(load_file(str(path)), strict=True)
+        raise ArtifactError(f"{path}: format {metadata.get('format')!r} is not {FORMAT!r}")
+    try:
+        config = ModelConfig.model_validate_json(metadata.get("config", ""))
+    except ValueError as error:  # pydantic's ValidationError
+        raise ArtifactError(f"{path}: metadata 'config' is not a valid ModelConfig ({one_line(str(error))})") from None
+    model = make_module(config)
+    try:
+        model.load_state_dict(tensors, strict=True)
+    except RuntimeError as error:  # names or shapes that do not fit the config
+        raise ArtifactError(f"{path}: state dict does not fit its config ({one_line(str(error))})") from None
     return model.eval()
 
 
 def check_program_has_no_pickle(path: Path) -> None:
-    """Refuse a .pt2 that would make torch.export.load unpickle anything.
+    """Raise ArtifactError for a .pt2 that would make torch.export.load unpickle anything.
 
     torch.export.save writes the graph as JSON and plain tensors as raw bytes; pickles appear only for
     tensor subclasses, script objects and opaque constants, and for the example inputs (which
     torch.export.load reads with torch.load, falling back to weights_only=False). export_native drops the
     example inputs, and our models hold none of the others, so a file of ours passes.
     """
-    with zipfile.ZipFile(path) as archive:
-        for info in archive.infolist():
-            name, leaf = info.filename, info.filename.rsplit("/", 1)[-1]
-            if "/data/sample_inputs/" in name and info.file_size == 0:
-                continue  # example inputs dropped: an empty payload
-            if "/data/sample_inputs/" in name or leaf.startswith(("custom_obj", "opaque_obj")) or leaf.endswith(".pt"):
-                raise ValueError(f"{path}: {name} would be unpickled on load; refusing to load it")
-            if leaf.endswith("_config.json") and "/data/" in name:
-                config = json.loads(archive.read(info))
-                if any(entry.get("use_pickle") for entry in config.get("config", {}).values()):
-                    raise ValueError(f"{path}: {name} lists pickled payloads; refusing to load it")
+    try:
+        with zipfile.ZipFile(path) as archive:
+            for info in archive.infolist():
+                name, leaf = info.filename, info.filename.rsplit("/", 1)[-1]
+                if "/data/sample_inputs/" in name and info.file_size == 0:
+                    continue  # example inputs dropped: an empty payload
+                if ("/data/sample_inputs/" in name or leaf.startswith(("custom_obj", "opaque_obj"))
+                        or leaf.endswith(".pt")):
+                    raise ArtifactError(f"{path}: {name} would be unpickled on load; refusing to load it")
+                if leaf.endswith("_config.json") and "/data/" in name:
+                    config = json.loads(archive.read(info))
+                    if any(entry.get("use_pickle") for entry in config.get("config", {}).values()):
+                        raise ArtifactError(f"{path}: {name} lists pickled payloads; refusing to load it")
+    except (zipfile.BadZipFile, ValueError) as error:  # not a zip archive, or a config that is not JSON
+        raise ArtifactError(f"{path}: not a readable torch.export archive ({one_line(str(error))})") from None
 
 
 def load_program(path: Path) -> nn.Module:
+    _require(path)
     check_program_has_no_pickle(path)
-    return torch.export.load(str(path)).module()
+    try:
+        return torch.export.load(str(path)).module()
+    except Exception as error:  # a damaged archive fails anywhere in torch's deserializer
+        raise ArtifactError(f"{path}: torch.export.load failed ({one_line(str(error))})") from None
 
 
 def load_native(out_dir: Path) -> dict[str, Predict]:
+    """{"safetensors": ..., "torch_export": ...}: each native file reloaded on the CPU, without unpickling."""
     out_dir = Path(out_dir)
     state_model = load_state_file(out_dir / STATE_FILE)
     program = load_program(out_dir / PROGRAM_FILE)
@@ -124,12 +157,22 @@ def _quiet_exporter() -> Iterator[None]:
 
 
 def export_onnx(model: nn.Module, path: Path, example: np.ndarray) -> None:
-    """ONNX with the dynamo-based exporter (torch.export underneath): one file (weights inside, no external
-    .data file to lose), input "images", output "logits", batch dimension "batch"."""
-    with _quiet_exporter():
-        program = torch.onnx.export(
-            _cpu_copy(model), _example(example), dynamo=True, dynamic_shapes=_dynamic_batch(),
-            input_names=["images"], output_names=["logits"], opset_version=ONNX_OPSET,
-            external_data=False, verbose=False,
-        )
-    program.save(str(path), external_data=False)
+    """ONNX with the dynamo-based exporter (torch.export underneath), meeting rosetta_common.onnx_conventions:
+    one file (weights inside, no external .data file to lose), written atomically."""
+    import onnx  # only exports need it
+
+    from rosetta_torch import FRAMEWORK  # imported here: the package's __init__ imports this module
+
+    twin = _cpu_copy(model)
+    try:
+        with _quiet_exporter():
+            program = torch.onnx.export(
+                twin, _example(example), dynamo=True, dynamic_shapes=_dynamic_batch(),
+                input_names=[INPUT_NAME], output_names=[OUTPUT_NAME], opset_version=OPSETS[FRAMEWORK],
+                external_data=False, verbose=False,
+            )
+    except Exception as error:  # the exporter wraps its failures in several types
+        raise ExportError(f"torch.onnx.export of {twin.config.arch}: {one_line(str(error))}") from error
+    proto = conform(program.model_proto, FRAMEWORK)
+    with atomic_path(path) as tmp:
+        onnx.save(proto, str(tmp))

@@ -8,12 +8,15 @@ conversion (transposes, and the CNN head's row permutation) in one place.
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from rosetta_common.spec import AttentionSpec, CNNSpec, MLPSpec, ModelConfig
+from rosetta_common.weights import Weights
+from rosetta_torch.weights import from_canonical
 
 
 class MLP(nn.Module):
@@ -48,9 +51,7 @@ class SelfAttention(nn.Module):
     """Multi-head self-attention: bias-free query/key/value projections, an output projection with bias."""
 
     def __init__(self, embed_dim: int, num_heads: int) -> None:
-        super().__init__()
-        if embed_dim % num_heads:
-            raise ValueError(f"num_heads = {num_heads}: must divide embed_dim ({embed_dim})")
+        super().__init__()  # AttentionSpec has checked that num_heads divides embed_dim
         self.num_heads = num_heads
         self.query = nn.Linear(embed_dim, embed_dim, bias=False)
         self.key = nn.Linear(embed_dim, embed_dim, bias=False)
@@ -114,24 +115,24 @@ class AttentionClassifier(nn.Module):
         return self.head(x.mean(dim=1))
 
 
-def make_module(arch: str, config: dict[str, Any]) -> nn.Module:
-    """A freshly initialised module of `arch` from its config (weights.module_config writes it):
-    {"image_shape": [h, w], "num_classes": n, "architecture": that model's section of the spec}.
+def make_module(config: ModelConfig) -> nn.Module:
+    """A freshly initialised module of `config.arch`, recording `config` as `model.config`.
 
-    The module keeps `arch` and `config`: weights.py needs them to map its weights back to canonical ones,
-    and export.py stores the config beside the state dict so that the module can be rebuilt without the spec.
+    The module keeps the validated config (not a dict or a name): weights.py maps its weights to and from
+    canonical ones with it, and export.py stores it as JSON beside the state dict so that the module can be
+    rebuilt without the spec.
     """
-    (height, width), num_classes, a = config["image_shape"], config["num_classes"], config["architecture"]
-    if arch == "mlp":
-        model: nn.Module = MLP(height * width, a["hidden"], num_classes)
-    elif arch == "cnn":
-        model = CNN(a["conv1_filters"], a["conv2_filters"], (height // 2, width // 2), num_classes)
-    elif arch == "attention":
-        model = AttentionClassifier(height, width, a["embed_dim"], a["num_heads"], a["mlp_dim"],
-                                    a["layer_norm_eps"], num_classes)
-    else:
-        raise ValueError(f"architecture {arch!r} is unknown; allowed: mlp, cnn, attention")
-    model.arch, model.config = arch, config
+    (height, width), num_classes, s = config.image_shape, config.num_classes, config.settings
+    if isinstance(s, MLPSpec):
+        model: nn.Module = MLP(height * width, s.hidden, num_classes)
+    elif isinstance(s, CNNSpec):
+        model = CNN(s.conv1_filters, s.conv2_filters, (height // 2, width // 2), num_classes)
+    elif isinstance(s, AttentionSpec):
+        model = AttentionClassifier(height, width, s.embed_dim, s.num_heads, s.mlp_dim, s.layer_norm_eps,
+                                    num_classes)
+    else:  # ModelConfig admits only the architectures above; a new one needs a module here
+        raise ValueError(f"architecture {config.arch!r} has no torch module")
+    model.config = config
     return model
 
 
@@ -143,9 +144,22 @@ def model_device(model: nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
+def build(config: ModelConfig, weights: Weights) -> nn.Module:
+    """The torch module of `config` holding copies of these canonical weights (checked: WeightsError), on the
+    default device, in eval mode."""
+    model = make_module(config)
+    from_canonical(model, weights)  # checks the weights, then copies them in (load_state_dict copies)
+    return model.to(default_device()).eval()
+
+
 @torch.inference_mode()
 def predict(model: nn.Module, images: np.ndarray) -> np.ndarray:
     """Logits (batch, classes) float32 for images (batch, height, width) float32 in [0, 1]."""
     model.eval()
     x = torch.as_tensor(np.asarray(images, np.float32), device=model_device(model))
     return model(x).float().cpu().numpy()
+
+
+def model_config(model: nn.Module) -> ModelConfig:
+    """The validated config `model` was built from."""
+    return model.config

@@ -1,8 +1,9 @@
-"""Determinism switches and the training loop: a plain PyTorch loop with torch.optim, on common's batches."""
+"""Determinism switches and the training loop: a plain PyTorch loop with torch.optim, on the plan's batches."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -10,10 +11,12 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
-from rosetta_common.data import Dataset, epoch_batches
+from rosetta_common.data import Dataset
 from rosetta_common.interface import TrainResult
 from rosetta_common.seeding import seed_everything
-from rosetta_common.spec import AdamSpec, Spec
+from rosetta_common.spec import AdamSpec, SGDSpec
+from rosetta_common.training import OptimizerSpec, TrainPlan
+from rosetta_common.weights import Weights
 from rosetta_torch.models import model_device
 
 
@@ -34,33 +37,55 @@ def configure(seed: int) -> None:
     torch.backends.cudnn.allow_tf32 = False
 
 
-def make_optimizer(params, spec: Spec) -> torch.optim.Optimizer:
-    """torch.optim's Adam / SGD with momentum: these compute rosetta_common.optim's formulas.
-    `spec` is one model's (Spec.for_model), its learning rate one number."""
-    opt = spec.optimizer
-    if isinstance(opt, AdamSpec):
-        return torch.optim.Adam(params, lr=opt.learning_rate, betas=(opt.beta1, opt.beta2), eps=opt.epsilon)
-    return torch.optim.SGD(params, lr=opt.learning_rate, momentum=opt.momentum)
+def make_optimizer(model: nn.Module, optimizer: OptimizerSpec, num_steps: int) -> torch.optim.Optimizer:
+    """torch.optim's Adam / SGD with momentum over the model's parameters: these compute
+    rosetta_common.optim's formulas as they are. The learning rate is constant, so torch needs no
+    `num_steps` (the signature is the contract's, shared by all three packages)."""
+    del num_steps
+    if isinstance(optimizer, AdamSpec):
+        return torch.optim.Adam(model.parameters(), lr=optimizer.learning_rate,
+                                betas=(optimizer.beta1, optimizer.beta2), eps=optimizer.epsilon)
+    if isinstance(optimizer, SGDSpec):
+        return torch.optim.SGD(model.parameters(), lr=optimizer.learning_rate, momentum=optimizer.momentum)
+    raise TypeError(f"unknown optimizer spec {optimizer!r}")
 
 
-def train(model: nn.Module, arch: str, spec: Spec, data: Dataset) -> tuple[nn.Module, TrainResult]:
-    """Train `model` in place with the spec's optimizer on epoch_batches; returns it (in eval mode) and the losses."""
-    spec = spec.for_model(arch)  # a learning rate may be given per model
+def apply_optimizer(optimizer: OptimizerSpec, params: Weights, grads: Sequence[Weights]) -> list[Weights]:
+    """make_optimizer's torch.optim object stepped on these gradients; the parameters after each step."""
+    # A ParameterList is the smallest nn.Module holding arbitrary tensors (canonical names contain dots,
+    # which a ParameterDict refuses); its order is params' order.
+    names = list(params)
+    holder = nn.ParameterList([nn.Parameter(torch.from_numpy(np.array(params[k], np.float32))) for k in names])
+    torch_optimizer = make_optimizer(holder, optimizer, len(grads))
+    trajectory: list[Weights] = []
+    for grad in grads:
+        for name, param in zip(names, holder, strict=True):
+            param.grad = torch.from_numpy(np.array(grad[name], np.float32))
+        torch_optimizer.step()
+        trajectory.append({name: param.detach().numpy().copy() for name, param in zip(names, holder, strict=True)})
+    return trajectory
+
+
+def train(model: nn.Module, plan: TrainPlan, data: Dataset) -> TrainResult:
+    """Train `model` in place with the plan's optimizer on the plan's batches; it ends in eval mode."""
+    if plan.num_samples != len(data.train_labels):  # the plan's batches index this data set
+        raise ValueError(f"plan for {plan.num_samples} training samples, data has {len(data.train_labels)}")
     device = model_device(model)
     images = torch.from_numpy(np.ascontiguousarray(data.train_images, np.float32)).to(device)
     labels = torch.from_numpy(np.ascontiguousarray(data.train_labels, np.int64)).to(device)
-    batch_size, epochs = spec.train.batch_size, spec.train.epochs
-    steps = len(labels) // batch_size
-    optimizer = make_optimizer(model.parameters(), spec)  # the first one imports torch._dynamo (~3 s), untimed
+    # The first optimizer imports torch._dynamo (~3 s): made before the clock starts.
+    optimizer = make_optimizer(model, plan.optimizer, plan.num_steps)
 
     step_losses: list[float] = []
     epoch_losses: list[float] = []
+    epoch_seconds: list[float] = []
     model.train()
     start = time.perf_counter()
-    with tqdm(total=epochs * steps, desc=f"torch {arch}", unit="step", mininterval=1.0) as bar:
-        for epoch in range(epochs):
+    with tqdm(total=plan.num_steps, desc=f"torch {plan.arch}", unit="step", mininterval=1.0) as bar:
+        for epoch in range(plan.epochs):
+            epoch_start = time.perf_counter()
             losses = []  # kept on the device: no host sync per step
-            for idx in epoch_batches(len(labels), batch_size, spec.seed, epoch):
+            for idx in plan.batches(epoch):
                 idx_t = torch.from_numpy(idx).to(device)
                 optimizer.zero_grad(set_to_none=True)
                 loss = F.cross_entropy(model(images[idx_t]), labels[idx_t])
@@ -68,11 +93,12 @@ def train(model: nn.Module, arch: str, spec: Spec, data: Dataset) -> tuple[nn.Mo
                 optimizer.step()
                 losses.append(loss.detach())
                 bar.update()
-            values = torch.stack(losses).tolist()
+            values = torch.stack(losses).tolist()  # the epoch's one sync, inside its timing
+            epoch_seconds.append(time.perf_counter() - epoch_start)
             step_losses += values
             epoch_losses.append(float(np.mean(values)))
             bar.set_postfix(epoch=epoch + 1, loss=f"{epoch_losses[-1]:.4f}")
     seconds = time.perf_counter() - start
     model.eval()
     extra = {"device": str(device), "torch_version": torch.__version__, "threads": torch.get_num_threads()}
-    return model, TrainResult(step_losses, epoch_losses, seconds, extra)
+    return TrainResult(step_losses, epoch_losses, seconds, epoch_seconds, extra)
