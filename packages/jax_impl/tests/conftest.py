@@ -1,25 +1,12 @@
-"""Fixtures shared by the tests: configure JAX once, a small spec, a few images."""
+"""Fixtures of rosetta_jax's own tests (what the conformance suite cannot see): JAX configured once."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 import rosetta_jax
-from rosetta_common.spec import Spec
-from rosetta_common.testing import IMAGE_SHAPE, small_spec
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _configure() -> None:
-    rosetta_jax.configure(0)
-
-
-@pytest.fixture(scope="session")
-def spec() -> Spec:
-    return small_spec()
-
-
-@pytest.fixture(scope="session")
-def images() -> np.ndarray:
-    return np.random.default_rng(7).random((7, *IMAGE_SHAPE), dtype=np.float32)
+    rosetta_jax.configure(0)  # before any JAX computation: it sets XLA_FLAGS and the matmul precision

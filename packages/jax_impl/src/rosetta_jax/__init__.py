@@ -1,10 +1,16 @@
-"""Rosetta in JAX/Flax (NNX) with Optax: the Backend interface of rosetta_common.interface."""
+"""Rosetta in JAX/Flax (NNX) with Optax: the backend contract of rosetta_common.interface."""
 
-from rosetta_jax.export import export_native, export_onnx, load_native, predict
-from rosetta_jax.train import configure, train
-from rosetta_jax.weights import build, canonical_weights
+import sys
+
+from rosetta_common.interface import check_backend
+from rosetta_jax.export import export_native, export_onnx, load_native
+from rosetta_jax.models import build, model_config, predict
+from rosetta_jax.train import apply_optimizer, configure, make_optimizer, train
+from rosetta_jax.weights import from_canonical, to_canonical
 
 FRAMEWORK = "jax"
 
-__all__ = ["FRAMEWORK", "build", "canonical_weights", "configure", "export_native", "export_onnx",
-           "load_native", "predict", "train"]
+__all__ = ["FRAMEWORK", "apply_optimizer", "build", "configure", "export_native", "export_onnx", "from_canonical",
+           "load_native", "make_optimizer", "model_config", "predict", "to_canonical", "train"]
+
+check_backend(sys.modules[__name__])

@@ -1,4 +1,5 @@
-"""The three architectures as Flax NNX modules, written the way Flax's own NNX examples write models.
+"""The three architectures as Flax NNX modules, written the way Flax's own NNX examples write models, and
+the contract's build(), predict() and model_config().
 
 NNX (not Linen) because it is Flax 0.12's recommended API and because its attribute paths *are* the
 canonical names: `self.block.attn.query.kernel` is "block.attn.query.kernel", Flax keeps dense kernels
@@ -14,31 +15,17 @@ Defaults that differ from the spec and are overridden here on purpose:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from functools import partial
+from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
-from rosetta_common.spec import Spec
-
-ARCHITECTURES = ("mlp", "cnn", "attention")
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """Everything needed to rebuild a model besides its weights (what export_native writes to config.json).
-
-    Frozen and hashable, so NNX keeps it as static graph data rather than as state."""
-
-    arch: str
-    image_shape: tuple[int, int]
-    num_classes: int
-    architecture: str  # spec.architecture as JSON: the only spec section that shapes a model
-
-    @property
-    def spec(self) -> Spec:
-        return Spec.model_validate_json(f'{{"architecture": {self.architecture}}}')
+from rosetta_common.spec import ModelConfig
+from rosetta_common.weights import Weights
+from rosetta_jax.weights import from_canonical
 
 
 class MLP(nnx.Module):
@@ -137,25 +124,45 @@ Model = MLP | CNN | AttentionClassifier
 
 def create(config: ModelConfig) -> Model:
     """An abstract model (shapes only, no random init; build() fills in canonical weights), carrying its
-    ModelConfig as a static attribute so predict/export know what they hold."""
+    ModelConfig as a static attribute: the pydantic object is frozen and hashable, so NNX keeps it in the
+    graphdef (static data, part of jit's cache key) rather than as state."""
     height, width = config.image_shape
-    a = config.spec.architecture
+    a = config.settings  # that architecture's section; ModelConfig validated that it is the right one
 
     def make() -> Model:
         rngs = nnx.Rngs(0)  # never used for real values: eval_shape only traces the initialisers
         model: Model
         if config.arch == "mlp":
-            model = MLP(height, width, a.mlp.hidden, config.num_classes, rngs=rngs)
+            model = MLP(height, width, a.hidden, config.num_classes, rngs=rngs)
         elif config.arch == "cnn":
-            model = CNN(height, width, a.cnn.conv1_filters, a.cnn.conv2_filters, config.num_classes,
-                        rngs=rngs)
-        elif config.arch == "attention":
-            t = a.attention
-            model = AttentionClassifier(height, width, t.embed_dim, t.num_heads, t.mlp_dim, t.layer_norm_eps,
+            model = CNN(height, width, a.conv1_filters, a.conv2_filters, config.num_classes, rngs=rngs)
+        else:  # "attention": ModelConfig admits no other architecture
+            model = AttentionClassifier(height, width, a.embed_dim, a.num_heads, a.mlp_dim, a.layer_norm_eps,
                                         config.num_classes, rngs=rngs)
-        else:
-            raise ValueError(f"architecture {config.arch!r} is unknown; allowed: {', '.join(ARCHITECTURES)}")
         model.config = config
         return model
 
     return nnx.eval_shape(make)
+
+
+def build(config: ModelConfig, weights: Weights) -> Model:
+    """The NNX model of `config` holding copies of these canonical weights (WeightsError if they do not fit)."""
+    model = create(config)
+    from_canonical(model, weights)
+    return model
+
+
+def model_config(model: Model) -> ModelConfig:
+    """The validated config `model` was built from (what export_native writes to config.json)."""
+    return model.config
+
+
+@partial(jax.jit, static_argnums=0)
+def _forward(graphdef: nnx.GraphDef[Any], state: nnx.State, images: jax.Array) -> jax.Array:
+    return nnx.merge(graphdef, state)(images)
+
+
+def predict(model: Model, images: np.ndarray) -> np.ndarray:
+    """Logits as float32 numpy; compiles once per new batch size (the graphdef is the static cache key)."""
+    graphdef, state = nnx.split(model)
+    return np.asarray(_forward(graphdef, state, jnp.asarray(images, jnp.float32)), dtype=np.float32)

@@ -1,4 +1,5 @@
-"""configure() and train(): one optax optimizer, one jax.jit train step, common's batches in common's order.
+"""configure(), make_optimizer(), apply_optimizer() and train(): one optax optimizer, one jax.jit train step,
+the TrainPlan's batches in the plan's order.
 
 The step follows Flax's NNX "functional" style (nnx.split once, jax.jit over the pure parameter state,
 nnx.merge inside): it is the pattern Flax's performance guide recommends for small models, where nnx.jit's
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -19,11 +20,13 @@ import optax
 from flax import nnx
 from tqdm import tqdm
 
-from rosetta_common.data import Dataset, epoch_batches, iterate_batches
+from rosetta_common.data import Dataset
 from rosetta_common.interface import TrainResult
 from rosetta_common.optim import adam_bias_corrections
 from rosetta_common.seeding import seed_everything
-from rosetta_common.spec import AdamSpec, SGDSpec, Spec
+from rosetta_common.spec import AdamSpec, SGDSpec
+from rosetta_common.training import OptimizerSpec, TrainPlan
+from rosetta_common.weights import Weights
 from rosetta_jax.models import Model
 
 
@@ -52,7 +55,7 @@ def torch_adam(spec: AdamSpec, num_steps: int) -> optax.GradientTransformation:
     (~1.3e-5 relative off for small t). Here both bias corrections are computed on the host in float64 as
     torch does (rosetta_common.optim.adam_bias_corrections), rounded once to float32, and looked up by
     step count from a table -- a schedule, precomputed. `num_steps` must cover every step that will be
-    taken (train() passes its exact total; steps past it would reuse the last entry).
+    taken (train() passes the plan's exact total; steps past it would reuse the last entry).
     Torch: denom = sqrt(v) / sqrt(bc2) + eps; p -= (lr / bc1) * m / denom.
     """
     b1, b2, eps = spec.beta1, spec.beta2, spec.epsilon
@@ -76,14 +79,36 @@ def torch_adam(spec: AdamSpec, num_steps: int) -> optax.GradientTransformation:
     return optax.GradientTransformation(init, update)
 
 
-def make_optimizer(spec: Spec, num_steps: int) -> optax.GradientTransformation:
-    opt = spec.optimizer
-    if isinstance(opt, AdamSpec):
-        return torch_adam(opt, num_steps)
-    if isinstance(opt, SGDSpec):
+def optax_transform(optimizer: OptimizerSpec, num_steps: int) -> optax.GradientTransformation:
+    """The optax transform computing rosetta_common.optim's formula for `optimizer` (its learning_rate one
+    number, as a TrainPlan holds it) over `num_steps` steps."""
+    if isinstance(optimizer, AdamSpec):
+        return torch_adam(optimizer, num_steps)
+    if isinstance(optimizer, SGDSpec):
         # optax's trace (t = g + m*t, zero-initialised so the first step is t = g) then -lr*t: torch's SGD.
-        return optax.sgd(opt.learning_rate, momentum=opt.momentum)
-    raise TypeError(f"unknown optimizer spec {opt!r}")
+        return optax.sgd(optimizer.learning_rate, momentum=optimizer.momentum)
+    raise TypeError(f"optimizer = {optimizer!r}: unknown optimizer spec; allowed: AdamSpec, SGDSpec")
+
+
+def make_optimizer(model: Model, optimizer: OptimizerSpec, num_steps: int) -> optax.GradientTransformation:
+    """The contract's optimizer for `model`: optax_transform(optimizer, num_steps)."""
+    del model  # an optax transform is a pure function of whatever parameter tree it is given: nothing to bind
+    return optax_transform(optimizer, num_steps)
+
+
+def apply_optimizer(optimizer: OptimizerSpec, params: Weights, grads: Sequence[Weights]) -> list[Weights]:
+    """The transform train() uses (optax_transform, jitted like the train step) run on these gradients from
+    these parameters; the parameters after each step as numpy float32."""
+    tx = optax_transform(optimizer, len(grads))
+    update = jax.jit(tx.update)
+    state: optax.Params = {k: jnp.asarray(v, jnp.float32) for k, v in params.items()}
+    opt_state = tx.init(state)
+    trajectory = []
+    for grad in grads:
+        updates, opt_state = update({k: jnp.asarray(v, jnp.float32) for k, v in grad.items()}, opt_state, state)
+        state = optax.apply_updates(state, updates)
+        trajectory.append({k: np.array(v, dtype=np.float32) for k, v in state.items()})
+    return trajectory
 
 
 def loss_fn(model: Model, images: jax.Array, labels: jax.Array) -> jax.Array:
@@ -106,31 +131,33 @@ def make_train_step(graphdef: nnx.GraphDef[Any], tx: optax.GradientTransformatio
     return train_step
 
 
-def train(model: Model, arch: str, spec: Spec, data: Dataset) -> tuple[Model, TrainResult]:
-    """Train in place with the spec's optimizer; returns the model and every step's loss."""
-    if arch != model.config.arch:
-        raise ValueError(f"train: arch {arch!r} but the model is {model.config.arch!r}")
-    spec = spec.for_model(arch)  # a learning rate may be given per model
-    steps_per_epoch = len(epoch_batches(len(data.train_labels), spec.train.batch_size, spec.seed, 0))
-    tx = make_optimizer(spec, spec.train.epochs * steps_per_epoch)
+def train(model: Model, plan: TrainPlan, data: Dataset) -> TrainResult:
+    """Train in place with the plan's optimizer on the plan's batches; every step's loss, each epoch's time."""
+    if plan.arch != model.config.arch:
+        raise ValueError(f"train: plan for {plan.arch!r} but the model is {model.config.arch!r}")
+    tx = make_optimizer(model, plan.optimizer, plan.num_steps)
     graphdef, params = nnx.split(model, nnx.Param)  # every state of these models is a Param
     opt_state = tx.init(params)
     train_step = make_train_step(graphdef, tx)
 
     step_losses: list[float] = []
     epoch_losses: list[float] = []
+    epoch_seconds: list[float] = []
     start = time.perf_counter()
-    with tqdm(range(spec.train.epochs), desc=f"jax {arch}", unit="epoch", leave=False) as bar:
+    with tqdm(range(plan.epochs), desc=f"jax {plan.arch}", unit="epoch", leave=False) as bar:
         for epoch in bar:
+            epoch_start = time.perf_counter()
             losses = []  # device arrays: reading each one at once would stall JAX's async dispatch
-            for images, labels in iterate_batches(data, spec.train.batch_size, spec.seed, epoch):
-                params, opt_state, loss = train_step(params, opt_state, images, labels)
+            for idx in plan.batches(epoch):
+                params, opt_state, loss = train_step(params, opt_state, data.train_images[idx],
+                                                     data.train_labels[idx])
                 losses.append(loss)
-            epoch_step_losses = [float(v) for v in jax.device_get(losses)]
+            epoch_step_losses = [float(v) for v in jax.device_get(losses)]  # waits for the epoch's last step
+            epoch_seconds.append(time.perf_counter() - epoch_start)
             step_losses += epoch_step_losses
             epoch_losses.append(float(np.mean(epoch_step_losses)))
             bar.set_postfix(loss=f"{epoch_losses[-1]:.4f}")
     train_seconds = time.perf_counter() - start
     nnx.update(model, params)
-    return model, TrainResult(step_losses, epoch_losses, train_seconds,
-                              extra={"steps": len(step_losses), "optimizer": spec.train.optimizer})
+    return TrainResult(step_losses, epoch_losses, train_seconds, epoch_seconds,
+                       extra={"steps": len(step_losses), "optimizer": plan.optimizer_name})
