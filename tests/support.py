@@ -5,10 +5,12 @@ one too, and `from conftest import` would pick whichever pytest loaded last.)"""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import yaml
 
@@ -35,6 +37,23 @@ def run_in(env_name: str, code: str, cwd: Path = REPO, **extra: str) -> subproce
         check=False,
     )
 
+
+def sh(cmd: list[str], cwd: Path, env: dict[str, str], check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run a command; with `check`, a failure raises with the tail of its output (DVC's is long)."""
+    result = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, check=False)
+    if check and result.returncode != 0:
+        raise AssertionError(
+            f"{' '.join(cmd)} failed ({result.returncode}):\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
+        )
+    return result
+
+
+def ran_stages(output: str) -> set[str]:
+    return set(re.findall(r"Running stage '([^']+)'", output))
+
+
+# The validate stage exactly as dvc.yaml runs it, for tests that rerun it alone on edited artifacts.
+VALIDATE = ["python", "-m", "pipelines.runner", "validation", "--", "python", "-m", "pipelines.stages.validate"]
 
 
 # Params small enough for a whole-pipeline test: every stage and check runs, in minutes.
@@ -69,3 +88,22 @@ def copy_repo(root: Path, env: dict[str, str]) -> None:
     git = ["git", "-c", "user.name=rosetta", "-c", "user.email=rosetta@localhost"]
     for cmd in (["git", "init", "-q"], [*git, "add", "-A"], [*git, "commit", "-qm", "copy"]):
         subprocess.run(cmd, cwd=root, env=env, check=True, capture_output=True)
+
+
+class TinyRun(NamedTuple):
+    """A finished `dvc repro` of a TINY copy: its root, the environment it ran with, and DVC's output."""
+
+    root: Path
+    env: dict[str, str]
+    output: str
+
+
+def run_tiny_pipeline(root: Path) -> TinyRun:
+    """Copy this checkout to `root` with TINY params and run the whole pipeline there for real. The copy
+    shares this checkout's environments (ROSETTA_ENVS_DIR), so nothing is rebuilt."""
+    from pipelines.runner import envs_dir  # here, not at the top: most users of support never need it
+
+    env = orchestrator_env(ROSETTA_ENVS_DIR=str(envs_dir()))
+    copy_repo(root, env)
+    first = sh(["dvc", "repro"], root, env)
+    return TinyRun(root, env, first.stdout + first.stderr)

@@ -1,55 +1,29 @@
 """The whole pipeline, for real (DVC, the three frameworks, ONNX Runtime), with tiny params in a temporary
-copy of the repository. Environments are shared with the checkout (ROSETTA_ENVS_DIR), not rebuilt."""
+copy of the repository. Environments are shared with the checkout (ROSETTA_ENVS_DIR), not rebuilt. The run is
+conftest.py's session-wide `tiny_pipeline`, shared with test_validate_failures.py."""
 
 from __future__ import annotations
 
 import json
-import re
-import subprocess
-from pathlib import Path
 
 import numpy as np
-import pytest
 
-from pipelines.runner import envs_dir
-from support import TINY, copy_repo, orchestrator_env
+from support import TINY, ran_stages, sh
 
 MODELS = ["mlp", "cnn", "attention"]
 FRAMEWORKS = ["torch", "tf", "jax"]
 
 
-def sh(cmd: list[str], cwd: Path, env: dict[str, str], check: bool = True) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, check=False)
-    if check and result.returncode != 0:
-        raise AssertionError(
-            f"{' '.join(cmd)} failed ({result.returncode}):\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
-        )
-    return result
-
-
-def ran_stages(output: str) -> set[str]:
-    return set(re.findall(r"Running stage '([^']+)'", output))
-
-
-@pytest.fixture(scope="module")
-def pipeline(tmp_path_factory):
-    root = tmp_path_factory.mktemp("rosetta") / "repo"
-    env = orchestrator_env(ROSETTA_ENVS_DIR=str(envs_dir()))
-    copy_repo(root, env)
-    first = sh(["dvc", "repro"], root, env)
-    return root, env, first.stdout + first.stderr
-
-
-def test_first_repro_runs_every_stage(pipeline):
-    _, _, output = pipeline
+def test_first_repro_runs_every_stage(tiny_pipeline):
+    _, _, output = tiny_pipeline
     expected = {"data", "validate"} | {f"init@{m}" for m in MODELS}
     expected |= {f"{s}@{f}-{m}" for s in ("train", "export", "bench") for f in FRAMEWORKS for m in MODELS}
     expected |= {"report"}
     assert ran_stages(output) == expected
 
 
-def test_validation_report_passes_with_every_check(pipeline):
-    root, _, _ = pipeline
+def test_validation_report_passes_with_every_check(tiny_pipeline):
+    root, _, _ = tiny_pipeline
     report = json.loads((root / "reports/validation.json").read_text())
     assert report["passed"] is True
     checks = {(r["model"], r["framework"], r["check"]) for r in report["checks"]}
@@ -82,8 +56,8 @@ def test_validation_report_passes_with_every_check(pipeline):
     assert len(report["training_parity"]) == 3 * len(MODELS)
 
 
-def test_artifacts_and_metrics_are_laid_out(pipeline):
-    root, _, _ = pipeline
+def test_artifacts_and_metrics_are_laid_out(tiny_pipeline):
+    root, _, _ = tiny_pipeline
     for m in MODELS:
         assert (root / f"artifacts/{m}/init.safetensors").is_file()
         for f in FRAMEWORKS:
@@ -100,16 +74,16 @@ def test_artifacts_and_metrics_are_laid_out(pipeline):
     assert not list(root.rglob("*.pkl")) and not list(root.rglob("*.pickle"))
 
 
-def test_second_repro_reruns_nothing(pipeline):
-    root, env, _ = pipeline
+def test_second_repro_reruns_nothing(tiny_pipeline):
+    root, env, _ = tiny_pipeline
     result = sh(["dvc", "repro"], root, env)
     assert ran_stages(result.stdout) == set()
     status = sh(["dvc", "status", "--json"], root, env)
     assert json.loads(status.stdout) == {}
 
 
-def test_corrupt_or_missing_onnx_fails_validation_naming_the_file(pipeline):
-    root, env, _ = pipeline
+def test_corrupt_or_missing_onnx_fails_validation_naming_the_file(tiny_pipeline):
+    root, env, _ = tiny_pipeline
     target = root / "artifacts/mlp/tf/model.onnx"
     saved = target.read_bytes()
     validate = ["python", "-m", "pipelines.runner", "validation", "--", "python", "-m", "pipelines.stages.validate"]
@@ -127,8 +101,8 @@ def test_corrupt_or_missing_onnx_fails_validation_naming_the_file(pipeline):
         sh(["dvc", "checkout", "-q"], root, env, check=False)
 
 
-def test_editing_torch_package_reruns_only_torch_and_downstream(pipeline):
-    root, env, _ = pipeline
+def test_editing_torch_package_reruns_only_torch_and_downstream(tiny_pipeline):
+    root, env, _ = tiny_pipeline
     source = root / "packages/torch_impl/src/rosetta_torch/models.py"
     source.write_text(source.read_text() + "\n# an edit\n")
     result = sh(["dvc", "repro"], root, env)
