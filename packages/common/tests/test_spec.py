@@ -45,6 +45,10 @@ def test_learning_rate_per_model_or_one_number():
         ({"trian": {}}, "trian = {}: unknown field"),
         ({"frameworks": []}, "frameworks = []: list at least one of torch, tf, jax"),
         (
+            {"optimizers": {"adam": {"learning_rate": {"mlp": 0.1, "resnet": 0.1}}}},
+            "optimizers.adam.learning_rate = {'mlp': 0.1, 'resnet': 0.1}: unknown model 'resnet' (allowed: mlp, cnn,",
+        ),
+        (
             {"quality": {"min_test_accuracy": {"mlp": 0.9, "cnn": 0.9}}},
             "quality.min_test_accuracy = {'mlp': 0.9, 'cnn': 0.9}: gives no floor for attention",
         ),
@@ -64,7 +68,7 @@ def test_missing_and_malformed_files(tmp_path):
         load_spec(tmp_path / "nope.yaml")
     bad = tmp_path / "params.yaml"
     bad.write_text("train: [unclosed\n")
-    with pytest.raises(SpecError, match="not valid YAML"):
+    with pytest.raises(SpecError, match="not valid YAML at line 2, column 1: expected ',' or ']'"):
         load_spec(bad)
     bad.write_text("- a list\n")
     with pytest.raises(SpecError, match="must be a mapping"):

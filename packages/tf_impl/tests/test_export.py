@@ -5,7 +5,11 @@ reload parity and the ONNX conventions are the conformance suite's (rosetta_comm
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,7 +21,7 @@ import rosetta_tf
 from rosetta_common.errors import ArtifactError, ExportError
 from rosetta_common.spec import ModelConfig
 from rosetta_common.testing import asymmetric_weights, small_config
-from rosetta_tf.export import CONFIG_FILE, KERAS_FILE, SAVED_MODEL_DIR, load_keras
+from rosetta_tf.export import CONFIG_FILE, KERAS_FILE, SAVED_MODEL_DIR, load_keras, load_native
 
 NON_SQUARE = (6, 10)
 
@@ -90,3 +94,84 @@ def test_converter_failure_is_an_export_error(monkeypatch: pytest.MonkeyPatch, t
         rosetta_tf.export_onnx(model, tmp_path / "model.onnx", np.zeros((1, *config.image_shape), np.float32))
     assert str(raised.value) == "tf2onnx could not convert the mlp model: unsupported op"
     assert not (tmp_path / "model.onnx").exists()
+
+
+# Exports every architecture (the same config and weights as the tests below) into argv[1]/<arch>;
+# argv[2:4] is the image shape.
+_EXPORT_SCRIPT = """
+import sys
+from pathlib import Path
+import numpy as np
+import rosetta_tf
+from rosetta_common.spec import ARCHITECTURES
+from rosetta_common.testing import asymmetric_weights, small_config
+rosetta_tf.configure(0)
+shape = tuple(int(n) for n in sys.argv[2:4])
+example = np.zeros((2, *shape), np.float32)
+for arch in ARCHITECTURES:
+    config = small_config(arch, shape)
+    rosetta_tf.export_native(rosetta_tf.build(config, asymmetric_weights(config, 0)), Path(sys.argv[1]) / arch, example)
+"""
+
+
+@pytest.fixture(scope="module")
+def fresh_exports(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The same exports from two fresh interpreters (the runner's environment and PYTHONPATH), as two
+    pipeline runs would write them: nothing may carry over but code and weights."""
+    outs = tmp_path_factory.mktemp("run1"), tmp_path_factory.mktemp("run2")
+    for out in outs:
+        done = subprocess.run([sys.executable, "-c", _EXPORT_SCRIPT, str(out), *map(str, NON_SQUARE)],
+                              env=os.environ.copy(), capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+    return outs
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_exports_are_byte_identical_across_processes(fresh_exports: tuple[Path, Path]) -> None:
+    # DVC hashes the native folder: every file (model.keras, saved_model/*, config.json) must repeat.
+    first, second = (_tree(out) for out in fresh_exports)
+    assert sorted(first) == sorted(second)
+    differing = [name for name in first if first[name] != second[name]]
+    assert not differing, differing
+    assert any(name.endswith(f"/{KERAS_FILE}") for name in first)
+    assert any(f"/{SAVED_MODEL_DIR}/variables/" in name for name in first)
+
+
+@pytest.mark.parametrize("arch", ["mlp", "cnn", "attention"])
+def test_keras_zip_carries_no_time_or_address(arch: str, fresh_exports: tuple[Path, Path]) -> None:
+    with zipfile.ZipFile(fresh_exports[0] / arch / KERAS_FILE) as archive:
+        infos = archive.infolist()
+        assert [info.filename for info in infos] == sorted(info.filename for info in infos)
+        assert {info.date_time for info in infos} == {(1980, 1, 1, 0, 0, 0)}
+        assert {info.compress_type for info in infos} == {zipfile.ZIP_STORED}
+        assert "date_saved" not in json.loads(archive.read("metadata.json"))
+        config = json.loads(archive.read("config.json"))
+    # Layers share the global DTypePolicy, so Keras marks it shared: renumbered 1, 2, ..., not id() addresses.
+    ids = sorted(set(_shared_object_ids(config)))
+    assert ids and ids == list(range(1, len(ids) + 1)), ids
+
+
+def _shared_object_ids(node: object) -> list[int]:
+    if isinstance(node, dict):
+        own = [node["shared_object_id"]] if "shared_object_id" in node else []
+        return own + [i for value in node.values() for i in _shared_object_ids(value)]
+    if isinstance(node, list):
+        return [i for item in node for i in _shared_object_ids(item)]
+    return []
+
+
+@pytest.mark.parametrize("arch", ["mlp", "cnn", "attention"])
+def test_normalized_export_loads_safely_and_predicts_identically(arch: str,
+                                                                 fresh_exports: tuple[Path, Path]) -> None:
+    config = small_config(arch, NON_SQUARE)
+    model = rosetta_tf.build(config, asymmetric_weights(config, 0))
+    images = np.random.default_rng(1).random((5, *NON_SQUARE), dtype=np.float32)
+    expected = rosetta_tf.predict(model, images)
+    out = fresh_exports[0] / arch
+    raw = keras.models.load_model(out / KERAS_FILE, safe_mode=True, compile=False)  # without our wrapper
+    assert np.array_equal(np.asarray(raw(images, training=False)), np.asarray(model(images, training=False)))
+    for name, predict in load_native(out).items():
+        assert np.array_equal(predict(images), expected), name

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from rosetta_common.errors import RosettaError
 
@@ -123,8 +123,19 @@ class ModelConfig(_Section):
 LearningRate = PositiveFloat | dict[Architecture, PositiveFloat]
 
 
+def _known_models(rate: Any) -> Any:
+    """Name an unknown model in a per-model map (pydantic alone would report the union's number branch)."""
+    if isinstance(rate, dict):
+        unknown = [str(k) for k in rate if k not in ARCHITECTURES]
+        if unknown:
+            raise ValueError(f"unknown model {', '.join(map(repr, unknown))} (allowed: {', '.join(ARCHITECTURES)})")
+    return rate
+
+
 class AdamSpec(_Section):
-    learning_rate: LearningRate = {"mlp": 3e-3, "cnn": 3e-3, "attention": 3e-4}
+    learning_rate: Annotated[LearningRate, BeforeValidator(_known_models)] = {
+        "mlp": 3e-3, "cnn": 3e-3, "attention": 3e-4
+    }
     beta1: Probability = 0.9
     beta2: Probability = 0.999
     # Added to sqrt(v_hat) after bias correction, as torch and optax do (Keras' own Adam differs; see optim.py).
@@ -132,7 +143,9 @@ class AdamSpec(_Section):
 
 
 class SGDSpec(_Section):
-    learning_rate: LearningRate = {"mlp": 0.05, "cnn": 0.03, "attention": 0.005}
+    learning_rate: Annotated[LearningRate, BeforeValidator(_known_models)] = {
+        "mlp": 0.05, "cnn": 0.03, "attention": 0.005
+    }
     momentum: Annotated[float, Field(ge=0, lt=1)] = 0.9
 
 
@@ -270,5 +283,8 @@ def load_spec(path: str | Path = "params.yaml") -> Spec:
     except FileNotFoundError:
         raise SpecError(f"{path}: file not found") from None
     except yaml.YAMLError as error:
-        raise SpecError(f"{path}: not valid YAML ({str(error).splitlines()[0]})") from None
+        mark = getattr(error, "problem_mark", None) or getattr(error, "context_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+        raise SpecError(f"{path}: not valid YAML{where}: {problem}") from None
     return parse_spec(raw, str(path))

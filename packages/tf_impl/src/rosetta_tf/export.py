@@ -4,6 +4,7 @@ export_native(), load_native() and export_onnx()."""
 from __future__ import annotations
 
 import json
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 from pydantic import ValidationError
+from tensorflow.core.protobuf import fingerprint_pb2
 
 from rosetta_common.errors import ArtifactError, ExportError, one_line
 from rosetta_common.interface import Predict
@@ -25,12 +27,14 @@ KERAS_FILE, SAVED_MODEL_DIR, CONFIG_FILE = "model.keras", "saved_model", "config
 def export_native(model: keras.Model, out_dir: Path, example: np.ndarray) -> list[Path]:
     """Write model.keras (Keras' own zip: config JSON + weights .h5, no pickle), a TF SavedModel with a
     `serve` endpoint, and config.json naming them and holding the model's ModelConfig (model.keras records
-    layers, not the spec). The caller passes a fresh directory."""
+    layers, not the spec). The caller passes a fresh directory.
+
+    Every file is a pure function of the model and of the calling process' code path (DVC hashes them):
+    two fresh processes doing the same export write the same bytes (tests/test_export.py)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    model.save(out_dir / KERAS_FILE)
-    model.export(str(out_dir / SAVED_MODEL_DIR), format="tf_saved_model", verbose=False,
-                 input_signature=[image_spec(model)])
+    _save_keras(model, out_dir / KERAS_FILE)
+    _save_saved_model(model, out_dir / SAVED_MODEL_DIR)
     write_json(out_dir / CONFIG_FILE, {
         "framework": "tf",
         "model": model_config(model).model_dump(mode="json"),
@@ -38,6 +42,83 @@ def export_native(model: keras.Model, out_dir: Path, example: np.ndarray) -> lis
         "versions": {"tensorflow": tf.__version__, "keras": keras.__version__},
     })
     return sorted(p for p in out_dir.rglob("*") if p.is_file())
+
+
+# The earliest date a zip entry can hold (MS-DOS epoch), as reproducible-builds tools use.
+_ZIP_DATE_TIME = (1980, 1, 1, 0, 0, 0)
+_ZIP_FILE_MODE, _ZIP_DIR_MODE = 0o100644, 0o040755
+_ZIP_UNIX = 3  # create_system: zipfile writes 0 on Windows, 3 elsewhere; pinned so the host does not show
+
+
+def _save_keras(model: keras.Model, path: Path) -> None:
+    """model.save, then the zip rewritten byte-stable. Keras' own zip differs on every save:
+    - metadata.json has `date_saved` (now, to the second): dropped, Keras' loader never reads it;
+    - config.json has `shared_object_id` = id() of each object serialized more than once (the layers'
+      shared DTypePolicy), a memory address: renumbered 1, 2, ... in order of appearance (the ids only pair
+      up occurrences within this one file at load time, so any one-to-one renumbering loads the same);
+    - model.weights.h5 gets the current local time as its zip entry date (written with a bare name).
+    The h5 itself is already stable: h5py does not record object times (track_times off by default) and
+    Keras writes it in memory in a fixed order; the byte-identity test would catch it if that changed.
+    The entries are rewritten in name order, dated 1980-01-01, mode 0644, stored uncompressed (as Keras
+    stores them: deflate output could vary with the zlib build)."""
+    with atomic_path(path) as staged:
+        model.save(staged)  # staged keeps the name model.keras: Keras requires the .keras suffix
+        with zipfile.ZipFile(staged) as archive:
+            entries = {info.filename: archive.read(info) for info in archive.infolist()}
+        if "metadata.json" in entries:
+            metadata = json.loads(entries["metadata.json"])
+            metadata.pop("date_saved", None)
+            entries["metadata.json"] = json.dumps(metadata).encode()
+        if "config.json" in entries:
+            config = json.loads(entries["config.json"])
+            _renumber_shared_objects(config, {})
+            entries["config.json"] = json.dumps(config).encode()  # Keras' own json.dumps format
+        with zipfile.ZipFile(staged, "w", zipfile.ZIP_STORED) as archive:
+            for name in sorted(entries):
+                info = zipfile.ZipInfo(name, date_time=_ZIP_DATE_TIME)
+                info.compress_type = zipfile.ZIP_STORED
+                info.create_system = _ZIP_UNIX
+                info.external_attr = (_ZIP_DIR_MODE << 16) | 0x10 if name.endswith("/") else _ZIP_FILE_MODE << 16
+                archive.writestr(info, entries[name])
+
+
+def _renumber_shared_objects(node: Any, numbers: dict[int, int]) -> None:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "shared_object_id":
+                node[key] = numbers.setdefault(value, len(numbers) + 1)
+            else:
+                _renumber_shared_objects(value, numbers)
+    elif isinstance(node, list):
+        for item in node:
+            _renumber_shared_objects(item, numbers)
+
+
+def _save_saved_model(model: keras.Model, path: Path) -> None:
+    """A SavedModel with one `serve` endpoint (dynamic batch) and the model's variables, written with
+    tf.saved_model.save on a tf.Module of our own rather than model.export: Keras' ExportArchive tracks
+    the variables in the order of the traced function's watched-variable set, a set keyed by object
+    identity, so the object graph, saved_model.pb, variables.index and variables.data came out permuted
+    from one process to the next. Here they are tracked in model.variables order (build order).
+
+    Function names in saved_model.pb carry TF's process-wide trace counter (__inference_serve_<n>), so the
+    bytes also depend on how many functions the process traced before; the same code path gives the same
+    counter. fingerprint.pb holds a random uuid per save (TF >= 2.15), cleared here: its hashes of the
+    other files are kept, and TF reads the uuid only for its load metrics."""
+    root = tf.Module()
+    root.model_variables = list(model.variables)
+    root.serve = tf.function(lambda images: model(images, training=False),
+                             input_signature=[image_spec(model)], autograph=False)
+    serve = root.serve.get_concrete_function()
+    with atomic_path(path) as staged:
+        # "serving_default" as well, as model.export does: TF-Serving looks for that key.
+        tf.saved_model.save(root, str(staged), signatures={"serve": serve, "serving_default": serve})
+        fingerprint_path = staged / "fingerprint.pb"
+        if fingerprint_path.is_file():
+            fingerprint = fingerprint_pb2.FingerprintDef.FromString(fingerprint_path.read_bytes())
+            if "uuid" in fingerprint.DESCRIPTOR.fields_by_name:
+                fingerprint.ClearField("uuid")
+            fingerprint_path.write_bytes(fingerprint.SerializeToString(deterministic=True))
 
 
 def _read_config(out_dir: Path) -> tuple[ModelConfig, dict[str, str]]:
