@@ -89,6 +89,38 @@ def find_links() -> str | None:
     return value.split()[0] if out.returncode == 0 and value else None
 
 
+# Every framework computes with this many CPU threads, whatever the machine has: reductions split across threads
+# round differently (torch on 1 and 2 threads differed by 2.4e-7 in the loss), so bits and parity must not depend
+# on the core count. 2 is the reference machine's; ROSETTA_THREADS changes it (and, with it, the last bits).
+DEFAULT_THREADS = 2
+
+
+def thread_environment(base: dict[str, str]) -> dict[str, str]:
+    """The variables that pin every runtime's CPU thread pools (OpenMP for torch, TF's two pools, XLA's Eigen pool;
+    ONNX Runtime sessions read ROSETTA_THREADS themselves)."""
+    value = base.get("ROSETTA_THREADS", str(DEFAULT_THREADS))
+    if not value.isdigit() or int(value) < 1:
+        raise SystemExit(f"error: ROSETTA_THREADS={value!r}: must be a whole number of threads, 1 or more")
+    xla = base.get("XLA_FLAGS", "")
+    if "intra_op_parallelism_threads" not in xla:
+        xla = f"{xla} --xla_cpu_multi_thread_eigen=true intra_op_parallelism_threads={value}".strip()
+    return {"ROSETTA_THREADS": value, "OMP_NUM_THREADS": value, "MKL_NUM_THREADS": value,
+            "TF_NUM_INTRAOP_THREADS": value, "TF_NUM_INTEROP_THREADS": value, "XLA_FLAGS": xla}
+
+
+def installed_versions(names: list[str]) -> dict[str, str]:
+    """The installed version of each distribution that is installed (what ran, beside what the locks pin)."""
+    from importlib import metadata
+
+    found = {}
+    for name in names:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return found
+
+
 def stage_environment(env: str, env_dir: Path) -> dict[str, str]:
     """Process environment for a command in `env`: its interpreter first on PATH, our sources on PYTHONPATH.
 
@@ -110,4 +142,5 @@ def stage_environment(env: str, env_dir: Path) -> dict[str, str]:
         "TF_CPP_MIN_LOG_LEVEL": base.get("TF_CPP_MIN_LOG_LEVEL", "2"),
         "TF_DETERMINISTIC_OPS": "1",
         "CUBLAS_WORKSPACE_CONFIG": ":4096:8",
+        **thread_environment(base),
     }

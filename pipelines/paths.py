@@ -1,4 +1,9 @@
-"""Where every stage reads and writes: the artifact layout in one place."""
+"""Where every stage reads and writes: the artifact layout in one place.
+
+Lineage (DVC outputs, each stage's published as one folder or file): data/prepared/, artifacts/<model>/init.safetensors,
+artifacts/<model>/<framework>/ (train_export), reports/validation.json (validate), reports/comparison/ (report).
+Not lineage: measurements/ (timings; pipelines/measurements.py) and .rosetta/ (scratch; rosetta_common.io).
+"""
 
 from __future__ import annotations
 
@@ -50,18 +55,24 @@ def export_record(model: str, framework: str) -> Path:
 
 
 def metrics(model: str, framework: str) -> Path:
-    return Path("metrics") / model / f"{framework}.json"
+    """Test accuracy and loss as the train_export stage measured them (the validate stage recomputes its own)."""
+    return run_dir(model, framework) / "metrics.json"
 
 
-LATENCY = REPORTS / "latency"
+# Files that cannot be made to repeat byte for byte: kept out of the hashed lineage (.dvcignore lists the same
+# pattern, export.json does not hash them, and the README says why).
+UNHASHED: tuple[str, ...] = ()
+
+
+def unhashed(relative: Path) -> bool:
+    """Whether a file of a run folder (path relative to it) is outside the hashed lineage."""
+    return any(str(relative).startswith(prefix) for prefix in UNHASHED)
+
+
 VALIDATION = REPORTS / "validation.json"
-SUMMARY = REPORTS / "summary"  # one headline-metrics file per model, for `dvc metrics show`
-PLOTS = REPORTS / "plots"
-
-
-def latency_record(model: str, framework: str) -> Path:
-    """What the bench stage measured (latencies, settings, threads, package versions); the report reads it."""
-    return LATENCY / model / f"{framework}.json"
+REPORT = REPORTS / "comparison"  # the report stage's one output folder
+SUMMARY = REPORT / "summary"  # one headline-metrics file per model, for `dvc metrics show`
+PLOTS = REPORT / "plots"
 
 
 def summary(model: str) -> Path:

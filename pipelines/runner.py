@@ -81,12 +81,18 @@ def ensure_env(env: str, variant: str = "cpu") -> Path:
         print(f"[rosetta] building environment {env}-{variant} from {lock.relative_to(REPO_ROOT)}", file=sys.stderr)
         shutil.rmtree(target, ignore_errors=True)
         uv = [sys.executable, "-m", "uv"]
-        subprocess.run([*uv, "venv", "--quiet", "--python", sys.executable, str(target)], check=True)
         install = [*uv, "pip", "sync", "--require-hashes", "--python", str(target / "bin" / "python"), str(lock)]
         links = find_links()
         if links:
             install += ["--find-links", links]
-        subprocess.run(install, check=True)
+        for step in ([*uv, "venv", "--quiet", "--python", sys.executable, str(target)], install):
+            code = subprocess.run(step, check=False).returncode  # uv prints its own reason above
+            if code != 0:
+                shutil.rmtree(target, ignore_errors=True)
+                raise SystemExit(
+                    f"error: {lock.relative_to(REPO_ROOT)}: building environment {env}-{variant} failed "
+                    f"(uv {step[3]} exited {code}; its reason is above); nothing was left half-built"
+                )
         marker.write_text(digest + "\n")  # written last: a half-built environment is never reused
     return target
 

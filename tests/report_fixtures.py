@@ -1,7 +1,8 @@
 """A small, real set of pipeline artifacts for the report tests: tiny ONNX files built with onnx.helper (each
-"framework" emitting different ops, as the real converters do), metrics, train logs, export records, a
-validation report and latency records, laid out as pipelines/paths.py says. Nothing is mocked: the report
-reads them exactly as it reads a real run."""
+"framework" emitting different ops, as the real converters do), metrics, train logs, export records and a
+validation report, laid out as pipelines/paths.py says (each run's folder artifacts/<model>/<framework>/), and,
+apart, measurements of a run (measurements/, written by pipelines.measurements as the train_export stage does).
+Nothing is mocked: the report reads them exactly as it reads a real run."""
 
 from __future__ import annotations
 
@@ -153,23 +154,48 @@ def _validation(failing: bool) -> dict[str, Any]:
             "summary": {"checks": len(rows), "failed": failed}}
 
 
-def _latency(model: str, fw: str) -> dict[str, Any]:
+# Measurement figures no lineage file holds: the report may show them only through measurements/timings.js.
+TRAIN_SECONDS = {"torch": 2.345, "tf": 3.456, "jax": 4.567}
+VERSIONS = {"torch": {"torch": "2.13.0+cpu"}, "tf": {"tensorflow-cpu": "2.21.0", "keras": "3.15.1"},
+            "jax": {"jax": "0.10.2", "jaxlib": "0.10.2"}}
+
+
+def _measurement(model: str, fw: str) -> dict[str, Any]:
+    """One record as the train_export stage writes it (pipelines/measurements.py)."""
     native = {"torch": 0.08, "tf": 0.9, "jax": 0.15}[fw] * (8 if model == "attention" else 1)
     return {
         "framework": fw,
         "model": model,
-        "results": [
-            {"batch": b, "repeats": 50, "native_median_ms": native * (1 + b / 16), "onnx_median_ms": 0.05 * (1 + b / 8),
-             "native_over_onnx": native * (1 + b / 16) / (0.05 * (1 + b / 8)), "outputs_max_abs_diff": 1e-6}
-            for b in (1, 64)
-        ],
-        "settings": {"batch_sizes": [1, 64], "warmup": 3},
-        # As the bench stage records them: the environment's distributions (pyproject.toml), found installed.
-        "versions": {**{"torch": {"torch": "2.13.0+cpu"}, "tf": {"tensorflow-cpu": "2.21.0", "keras": "3.15.1"},
-                        "jax": {"jax": "0.10.2", "jaxlib": "0.10.2"}}[fw], "onnxruntime": "1.32.0"},
-        "environment": {"threads": {"framework": {"intra_op": 2, "source": fw},
-                                    "onnxruntime": {"intra_op": 2, "inter_op": 1}}},
+        "startup_seconds": 4.25,
+        "stage_seconds": 17.75,
+        "train": {"train_seconds": TRAIN_SECONDS[fw], "epoch_seconds": [1.5, 0.4, 0.4],
+                  "steady_samples_per_second": 1234.5 * (1 + FRAMEWORKS.index(fw))},
+        "export": {"native_export_seconds": 0.4, "onnx_export_seconds": 1.5},
+        "latency": {
+            "native": f"rosetta_{fw}.predict (numpy in, numpy out)",
+            "results": [
+                {"batch": b, "repeats": 50, "native_median_ms": native * (1 + b / 16),
+                 "onnx_median_ms": 0.05 * (1 + b / 8), "native_min_ms": native, "onnx_min_ms": 0.05,
+                 "native_over_onnx": native * (1 + b / 16) / (0.05 * (1 + b / 8)), "outputs_max_abs_diff": 1e-6}
+                for b in (1, 64)
+            ],
+            "settings": {"batch_sizes": [1, 64], "warmup": 3},
+            "environment": {"python": "3.11.9", "machine": "x86_64", "available_cores": 4,
+                            "threads": {"framework": {"intra_op": 2, "source": fw},
+                                        "onnxruntime": {"intra_op": 2, "inter_op": 1}}},
+        },
     }
+
+
+def make_measurements(root: Path, *, skip: tuple[tuple[str, str], ...] = ()) -> Path:
+    """measurements/ under `root`, written record by record by pipelines.measurements (timings.js included)."""
+    from pipelines import measurements
+
+    for model in MODELS:
+        for fw in FRAMEWORKS:
+            if (model, fw) not in skip:
+                measurements.write(model, fw, _measurement(model, fw), root / measurements.ROOT)
+    return root / measurements.ROOT
 
 
 def cli_env(**extra: str) -> dict[str, str]:
@@ -183,6 +209,7 @@ def cli_env(**extra: str) -> dict[str, str]:
 def make_artifacts(root: Path, *, failing: bool = False) -> Path:
     """Write a complete set of artifacts under `root` (a repository-like folder) and return it."""
     rng = np.random.default_rng(0)
+    root.mkdir(parents=True, exist_ok=True)
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     params["train"]["epochs"] = 3
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
@@ -207,16 +234,17 @@ def make_artifacts(root: Path, *, failing: bool = False) -> Path:
             steps = _losses(rng, 3 * steps_per_epoch, 1e-3 * k)
             epochs = [float(np.mean(steps[i : i + steps_per_epoch])) for i in range(0, len(steps), steps_per_epoch)]
             _write_json(run / "train_log.json", {"framework": fw, "model": model, "optimizer": "adam",
+                                                 "learning_rate": 0.001, "epochs": 3, "batch_size": 32,
                                                  "steps_per_epoch": steps_per_epoch, "step_losses": steps,
                                                  "epoch_losses": epochs})
-            _write_json(run / "export.json", {"framework": fw, "model": model, "native_files": ["a"],
-                                              "native_export_seconds": 0.4 + k, "onnx_export_seconds": 1.5 + k,
-                                              "native_roundtrip_max_abs": {f"{fw}_native": 0.0}})
-            _write_json(root / "metrics" / model / f"{fw}.json", {
+            _write_json(run / "metrics.json", {
                 "test_accuracy": 0.97 - 0.001 * k, "test_loss": 0.1, "final_train_loss": epochs[-1],
-                "train_seconds": 2.0 + k, "samples_per_second": 1000.0 * (3 - k), "parameters": 1210,
-                "epochs": 3, "optimizer": "adam", "epoch_losses": epochs})
-            _write_json(root / "reports" / "latency" / model / f"{fw}.json", _latency(model, fw))
+                "parameters": 1210, "epochs": 3, "optimizer": "adam"})
+            _write_json(run / "export.json", {
+                "framework": fw, "model": model, "native_roundtrip_max_abs": {f"{fw}_native": 0.0},
+                "sha256": {"model.onnx": "0" * 64, "init.onnx": "1" * 64},
+                # As train_export records them: the environment's distributions, found installed.
+                "versions": {**VERSIONS[fw], "onnx": "1.21.0", "onnxruntime": "1.32.0", "numpy": "2.4.6"}})
     _write_json(root / "reports" / "validation.json", _validation(failing))
     return root
 
@@ -255,8 +283,8 @@ def browser_missing() -> str | None:
 
 
 def load_in_browser(html: Path, png: Path) -> dict[str, Any]:
-    """Open the page; return its title, every image's state, browser-log errors and every request it made, and
-    save a screenshot of what a reader sees first."""
+    """Open the page; return its title, every image's state, the measurements section (its text, its table's
+    cells), browser-log errors and every request it made, and save a screenshot of what a reader sees first."""
     from selenium import webdriver
 
     # The driver is named explicitly and Selenium Manager is told it is offline: it must never try a download.
@@ -273,6 +301,12 @@ def load_in_browser(html: Path, png: Path) -> dict[str, Any]:
         images = driver.execute_script(
             "return [...document.images].map(i => ({alt: i.alt, complete: i.complete, width: i.naturalWidth}))"
         )
+        measured = driver.execute_script(
+            "const s = document.getElementById('measurements');"
+            "const t = document.getElementById('measurements-table');"
+            "return {text: s ? s.innerText : null, rows: t ? [...t.rows].map(r => [...r.cells].map(c => c.innerText))"
+            " : null}"
+        )
         title = driver.title
         driver.save_screenshot(str(png))
         browser_log = driver.get_log("browser")
@@ -282,6 +316,7 @@ def load_in_browser(html: Path, png: Path) -> dict[str, Any]:
     return {
         "title": title,
         "images": images,
+        "measurements": measured,
         "errors": [entry for entry in browser_log if entry.get("level") == "SEVERE"],
         "requests": [e["params"]["request"]["url"] for e in events if e["method"] == "Network.requestWillBeSent"],
     }

@@ -1,9 +1,12 @@
 """The report stage, built from a small real fixture set of artifacts (tests/report_fixtures.py): its content,
-its verdict on a failing check, what DVC reads from it, and the HTML as headless Chromium renders it."""
+its verdict on a failing check, what DVC reads from it, that it is byte-stable and independent of the
+measurements of a run, and the HTML as headless Chromium renders it (measurements drawn by its script)."""
 
 from __future__ import annotations
 
+import base64
 import csv
+import hashlib
 import json
 import re
 import shutil
@@ -19,24 +22,69 @@ from report_fixtures import (
     FRAMEWORKS,
     MODELS,
     REPO,
+    TRAIN_SECONDS,
     browser_missing,
     cli_env,
     load_in_browser,
     make_artifacts,
+    make_measurements,
 )
 
+from pipelines import paths
 from pipelines.report.analysis import shortfall
 from pipelines.report.onnx_summary import summarize
+from pipelines.report.render import MEASUREMENTS_JS, MEASUREMENTS_TITLE
 from pipelines.report.sources import extract
-from pipelines.stages.report import build
+from pipelines.stages.report import build, main
 
-SECTIONS = ["verdict", "runs", "loss", "parity", "onnx", "latency", "sources", "environment", "checks"]
+SECTIONS = ["verdict", "runs", "loss", "parity", "onnx", "measurements", "sources", "environment", "checks"]
+ABSENT = "No measurements here: measurements/timings.js is absent."
+# What dvc.yaml should declare for the report (the stage, and the top-level metrics and plots over its outputs
+# and over measurements/): test_dvc_yaml_declares_the_report_as_proposed holds the repository's file to it.
+REPORT_DEPS = [
+    "pipelines/stages/report.py",
+    "pipelines/report",
+    "pipelines/paths.py",
+    "pipelines/environments.py",
+    "pyproject.toml",
+    "packages/common/src",
+    "packages/torch_impl/src/rosetta_torch/models.py",
+    "packages/tf_impl/src/rosetta_tf/models.py",
+    "packages/jax_impl/src/rosetta_jax/models.py",
+    "packages/torch_impl/requirements-cpu.lock",
+    "packages/tf_impl/requirements-cpu.lock",
+    "packages/jax_impl/requirements-cpu.lock",
+    "pipelines/validation/requirements-cpu.lock",
+    "requirements.lock",
+    "artifacts",
+    "reports/validation.json",
+]
+PROPOSED_DVC = {
+    "stages": {
+        "report": {
+            "cmd": "python -m pipelines.stages.report",
+            "deps": REPORT_DEPS,
+            "params": [{"params.yaml": None}],
+            "outs": ["reports/comparison"],
+        }
+    },
+    "metrics": ["reports/comparison/summary", "measurements/metrics"],
+    "plots": [
+        {"reports/comparison/plots/loss": {"template": "linear", "x": "step", "y": ["torch", "tf", "jax"],
+                                           "title": "training loss per step", "x_label": "step",
+                                           "y_label": "loss"}},
+        {"measurements/latency.csv": {"template": "bar_horizontal", "x": "native_over_onnx", "y": "case",
+                                      "title": "Latency, native / ONNX Runtime (median; above 1: ONNX Runtime "
+                                               "faster; a measurement of this run)",
+                                      "x_label": "native / ONNX Runtime", "y_label": "model/framework/batch"}},
+    ],
+}
 
 
 def built(root: Path, failing: bool) -> Path:
     make_artifacts(root, failing=failing)
-    build(root, root / "reports", environments=None)
-    return root / "reports"
+    build(root)
+    return root / paths.REPORT
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +97,10 @@ def failing(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return built(tmp_path_factory.mktemp("failing"), failing=True)
 
 
+def contents(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
 def test_passing_run_has_a_passing_verdict_on_top(passing: Path) -> None:
     html = (passing / "report.html").read_text()
     md = (passing / "report.md").read_text()
@@ -56,7 +108,16 @@ def test_passing_run_has_a_passing_verdict_on_top(passing: Path) -> None:
     assert html.index("PASSED: all 90 checks passed.") < html.index('id="runs"')
     for model in MODELS:
         summary = json.loads((passing / "summary" / f"{model}.json").read_text())
-        assert summary["passed"] is True and summary["failed_checks"] == 0
+        assert summary["passed"] is True
+
+
+def test_the_stage_publishes_one_folder(passing: Path) -> None:
+    assert passing == passing.parent.parent / "reports" / "comparison"
+    names = set(contents(passing))
+    expected = {"report.html", "report.md", *(f"summary/{m}.json" for m in MODELS),
+                *(f"plots/loss/{m}.csv" for m in MODELS)}
+    assert names == expected
+    assert sorted(p.name for p in (passing.parent.parent / "reports").iterdir()) == ["comparison", "validation.json"]
 
 
 def test_failing_check_is_named_in_the_verdict_with_how_much(failing: Path) -> None:
@@ -71,7 +132,7 @@ def test_failing_check_is_named_in_the_verdict_with_how_much(failing: Path) -> N
     assert "FAILED: 1 of 90 checks failed." in verdict_html and FAILING["check"] in verdict_html
     assert 'class="verdict failed"' in verdict_html
     summaries = {m: json.loads((failing / "summary" / f"{m}.json").read_text()) for m in MODELS}
-    assert summaries["cnn"]["passed"] is False and summaries["cnn"]["failed_checks"] == 1
+    assert summaries["cnn"]["passed"] is False
     assert summaries["mlp"]["passed"] is True
 
 
@@ -87,32 +148,62 @@ def dvc_flatten(data: dict, prefix: str = "") -> set[str]:
     return keys
 
 
-def test_summary_is_headline_figures_in_at_most_12_columns(failing: Path) -> None:
+def test_summary_is_headline_figures_in_at_most_10_keys(failing: Path, tmp_path: Path) -> None:
     files = sorted((failing / "summary").glob("*.json"))
     assert [f.stem for f in files] == sorted(MODELS)  # one row per model
+    for f in files:
+        assert len(dvc_flatten(json.loads(f.read_text()))) <= 10, f
     columns = set().union(*(dvc_flatten(json.loads(f.read_text())) for f in files))
+    expected = {f"{fw}.{key}" for fw in FRAMEWORKS for key in ("test_accuracy", "test_loss")}
+    expected |= {"worst_forward_parity_over_tol", "worst_step1_loss_over_tol", "worst_test_loss_over_tol", "passed"}
+    assert columns == expected
+    # With the measurements' own metrics files, `dvc metrics show` stays within 12 columns.
+    measured = make_measurements(tmp_path) / "metrics"
+    columns |= set().union(*(dvc_flatten(json.loads(f.read_text())) for f in measured.glob("*.json")))
     assert len(columns) <= 12, sorted(columns)
-    assert {f"{fw}.test_accuracy" for fw in FRAMEWORKS} | {f"{fw}.test_loss" for fw in FRAMEWORKS} <= columns
     cnn = json.loads((failing / "summary/cnn.json").read_text())
     assert cnn["worst_forward_parity_over_tol"] == pytest.approx(32.0)  # the failing pair, 32x its tolerance
     assert cnn["worst_step1_loss_over_tol"] == pytest.approx(0.02) and cnn["torch"]["test_accuracy"] == 0.97
+
+
+def test_quality_figures_come_from_the_validate_stage_when_it_records_them(tmp_path: Path) -> None:
+    make_artifacts(tmp_path)
+    validation = json.loads((tmp_path / paths.VALIDATION).read_text())
+    validation["runs"] = [{"model": "mlp", "framework": "tf", "test_accuracy": 0.5, "test_loss": 1.25}]
+    (tmp_path / paths.VALIDATION).write_text(json.dumps(validation))
+    build(tmp_path)
+    summary = json.loads((tmp_path / paths.summary("mlp")).read_text())
+    assert summary["tf"] == {"test_accuracy": 0.5, "test_loss": 1.25}  # the validate stage's figures
+    assert summary["torch"] == {"test_accuracy": 0.97, "test_loss": 0.1}  # not recorded there: metrics.json's
+    assert "| tf | 1,210 | 50.00 % | 1.25000 |" in (tmp_path / paths.REPORT / "report.md").read_text()
 
 
 def test_report_has_every_section_and_figure(passing: Path) -> None:
     html = (passing / "report.html").read_text()
     for section in SECTIONS:
         assert f'id="{section}"' in html and f'href="#{section}"' in html
-    # Figures: per model loss curves, parity heat map and op histogram, plus one latency chart; all inline PNG.
-    assert len(re.findall(r'<img src="data:image/png;base64,', html)) == 3 * len(MODELS) + 1
-    assert "<script" not in html and "<link" not in html  # nothing to fetch, nothing to run
-    assert not re.search(r'(src|href)="(https?:)?//', html)
-    assert "Content-Security-Policy" in html
+    # Figures: per model loss curves, parity heat map and op histogram; all inline PNG. No latency chart.
+    assert len(re.findall(r'<img src="data:image/png;base64,', html)) == 3 * len(MODELS)
+    assert "<link" not in html and not re.search(r'(src|href)="(https?:)?//', html)
+    # One script file, the measurements (relative to the page), and one inline script, allowed by its hash.
+    assert re.findall(r'<script src="([^"]*)"', html) == [MEASUREMENTS_JS] == ["../../measurements/timings.js"]
+    assert (passing.parent.parent / "reports/comparison" / MEASUREMENTS_JS).resolve() == (
+        passing.parent.parent / "measurements/timings.js"
+    )
+    inline = re.findall(r"<script>(.*?)</script>", html, flags=re.DOTALL)
+    assert len(inline) == 1
+    digest = base64.b64encode(hashlib.sha256(inline[0].encode()).digest()).decode()
+    csp = re.search(r'http-equiv="Content-Security-Policy" content="([^"]*)"', html).group(1)
+    script_src = csp.split("script-src")[1].split(";")[0]
+    assert script_src.split() == ["'self'", "file:", f"'sha256-{digest}'"] and "default-src 'none'" in csp
+    measurements = html[html.index('id="measurements"') : html.index('id="sources"')]
+    assert MEASUREMENTS_TITLE in measurements
 
 
-def test_tables_show_runs_onnx_files_parity_and_latency(passing: Path) -> None:
+def test_tables_show_runs_onnx_files_parity_and_environment(passing: Path) -> None:
     md = (passing / "report.md").read_text()
-    # Per model and framework: parameters, accuracy, loss, training time and throughput, export times.
-    assert "| torch | 1,210 | 97.00 % | 0.10000 |" in md and "| 2.00 s | 3,000 | 0.40 s | 1.50 s |" in md
+    # Per model and framework: parameters, accuracy, loss, final train loss, epochs, steps, native formats.
+    assert "| torch | 1,210 | 97.00 % | 0.10000 |" in md and "| 3 | 60 | torch_native |" in md
     # Per ONNX file: size, opset, nodes, producer, I/O names and (symbolic) shapes; the op histogram.
     assert "| tf | `model.onnx` | 5.0 KiB | 17 | 9 | tf2onnx | 6 |" in md
     assert "images: float[B, 8, 8]" in md and "logits: float[batch, 10]" in md
@@ -120,16 +211,23 @@ def test_tables_show_runs_onnx_files_parity_and_latency(passing: Path) -> None:
     # Parity: the matrix with the reference, training figures with their tolerances.
     assert "| **reference** | — | 2.00e-06 | 2.00e-06 | 2.00e-06 |" in md
     assert "2.00e-08 (tol 1e-06 ✓)" in md and "1.50e-04 (tol 0.001 ✓)" in md
-    # Latency: medians and the ratio at batch 1 and 64.
-    assert "| tf | 64 | 4.500 | 0.450 | 10.00x | 50 | 2 / 2 |" in md
-    # Environment: lock hashes and the git revision, and params.yaml as written.
+    # Environment: lock hashes and params.yaml as written; what ran, as export.json recorded it, next to the pins.
     lock = REPO / "packages/torch_impl/requirements-cpu.lock"
     assert subprocess.run(["sha256sum", str(lock)], capture_output=True, text=True).stdout.split()[0] in md
-    assert "torch==2.13.0+cpu" in md and "Git revision:" in md and "embed_dim: 512" in md
-    # What ran, as the bench stage recorded it, next to the lock's pins: read from reports/latency, not benchmarks/.
+    assert "torch==2.13.0+cpu" in md and "embed_dim: 512" in md
     environment = md.split("## Environment")[1]
     tf_row = next(line for line in environment.splitlines() if line.startswith("| tf | "))
-    assert "`tensorflow-cpu==2.21.0`; `keras==3.15.1`; `onnxruntime==1.32.0`" in tf_row
+    assert "`tensorflow-cpu==2.21.0`; `keras==3.15.1`; `onnx==1.21.0`; `onnxruntime==1.32.0`" in tf_row
+    orchestrator = next(line for line in environment.splitlines() if line.startswith("| orchestrator"))
+    assert "`numpy==2.4.6`" in orchestrator and ">=3.11,<3.12" in orchestrator  # from requirements.lock, pyproject
+
+
+def test_markdown_has_no_timings_and_says_where_they_are(passing: Path) -> None:
+    md = (passing / "report.md").read_text()
+    section = md.split(f"## {MEASUREMENTS_TITLE}")[1].split("\n## ")[0]
+    assert "measurements/" in section and "`dvc metrics show`" in section
+    for word in ("samples/s", "train time", "ONNX Runtime ms", " ms |", "Generated", "revision"):
+        assert word not in md.split("## Model definitions")[0], word
 
 
 def test_model_definitions_are_read_from_source(passing: Path) -> None:
@@ -152,76 +250,107 @@ def test_sources_pick_the_root_definition_in_the_real_packages() -> None:
             assert arch in source.names[-1].lower() or arch in " ".join(source.names).lower()
 
 
-def test_dvc_plot_files_overlay_the_frameworks(passing: Path) -> None:
+def test_loss_plot_is_one_csv_per_model_with_a_column_per_framework(passing: Path) -> None:
+    assert sorted(p.name for p in (passing / "plots").iterdir()) == ["loss"]  # no latency: a measurement
+    logs = {fw: json.loads((passing.parent.parent / paths.train_log("cnn", fw)).read_text()) for fw in FRAMEWORKS}
     for model in MODELS:
-        for fw in FRAMEWORKS:
-            with open(passing / "plots" / "loss" / model / f"{fw}.csv") as f:
-                rows = list(csv.DictReader(f))
-            assert len(rows) == 60 and rows[0]["step"] == "1" and rows[-1]["epoch"] == "3"
-    with open(passing / "plots" / "latency.csv") as f:
-        latency = list(csv.DictReader(f))
-    assert len(latency) == len(MODELS) * len(FRAMEWORKS) * 2
-    assert {r["batch"] for r in latency} == {"1", "64"}
+        with open(passing / "plots" / "loss" / f"{model}.csv") as f:
+            reader = csv.DictReader(f)
+            rows = list(reader)
+        assert reader.fieldnames == ["step", *FRAMEWORKS]
+        assert len(rows) == 60 and rows[0]["step"] == "1" and rows[-1]["step"] == "60"
+    # Every loss at full precision: the CSV round-trips the train logs' floats exactly.
+    with open(passing / "plots" / "loss" / "cnn.csv") as f:
+        rows = list(csv.DictReader(f))
+    for fw in FRAMEWORKS:
+        assert [float(r[fw]) for r in rows] == logs[fw]["step_losses"]
 
 
-def test_dvc_yaml_declares_bench_report_and_plots_over_report_outputs() -> None:
+def test_building_twice_gives_the_same_bytes_wherever_and_whatever_was_measured(tmp_path: Path) -> None:
+    """Byte-stable lineage: two builds, in two folders at different absolute paths, one of them with the
+    measurements of a run present beside it, give identical files; and none holds a timing or a path."""
+    first, second = make_artifacts(tmp_path / "a"), make_artifacts(tmp_path / "elsewhere" / "b")
+    build(first)
+    once = contents(first / paths.REPORT)
+    build(first)
+    assert contents(first / paths.REPORT) == once  # the same inputs, rebuilt: the same bytes
+    make_measurements(second)
+    build(second)
+    assert contents(second / paths.REPORT) == once  # another path, measurements present: still the same bytes
+    texts = {name: data.decode() for name, data in once.items()}
+    for name, text in texts.items():
+        assert str(tmp_path) not in text and "/tmp/" not in text, name  # no absolute path
+        assert not re.search(r"\b20\d\d-\d\d-\d\d\b", text), name  # no date
+        for seconds in TRAIN_SECONDS.values():  # no timing of the run (they exist only in measurements/)
+            assert str(seconds) not in text and f"{seconds:.2f} s" not in text, name
+    assert "ROSETTA_MEASUREMENTS = {" not in texts["report.html"]  # loaded by the browser, never inlined
+
+
+def test_the_stage_command_line_takes_root_and_out(tmp_path: Path) -> None:
+    root = make_artifacts(tmp_path / "root")
+    assert main(["--root", str(root), "--out", str(tmp_path / "out")]) == 0
+    assert main(["--root", str(root)]) == 0
+    assert contents(tmp_path / "out") == contents(root / paths.REPORT)
+
+
+def test_dvc_yaml_declares_the_report_as_proposed() -> None:
     dvc = yaml.safe_load((REPO / "dvc.yaml").read_text())
-    bench, report = dvc["stages"]["bench"], dvc["stages"]["report"]
-    assert "pipelines.runner ${item.framework}" in bench["cmd"]
-    assert "artifacts/${item.model}/${item.framework}/model.onnx" in bench["deps"]
-    assert report["cmd"] == "python -m pipelines.stages.report"
-    assert "reports/validation.json" in report["deps"] and "reports/latency" in report["deps"]
-    plotted = {
-        path
-        for plot in dvc["plots"]
-        for spec in plot.values()
-        for axis in ("x", "y")
-        if isinstance(spec.get(axis), dict)
-        for path in spec[axis]
-    }
-    expected = {f"reports/plots/loss/{m}/{fw}.csv" for m in MODELS for fw in FRAMEWORKS}
-    assert expected <= plotted
-    assert all(p.startswith("reports/plots/") for p in plotted)
+    report = dvc["stages"]["report"]
+    assert report["cmd"] == PROPOSED_DVC["stages"]["report"]["cmd"]
+    assert set(REPORT_DEPS) <= set(report["deps"])
+    assert not [d for d in report["deps"] if d.startswith(("measurements", "metrics", "reports/latency"))]
+    assert [next(iter(o)) if isinstance(o, dict) else o for o in report["outs"]] == [str(paths.REPORT)]
+    assert "metrics" not in report and "plots" not in report  # top-level, below
+    assert {str(paths.SUMMARY), "measurements/metrics"} <= set(dvc.get("metrics", []))
+    plots = {next(iter(p)) for p in dvc.get("plots", [])}
+    assert {str(paths.PLOTS / "loss"), "measurements/latency.csv"} <= plots
 
 
 @pytest.mark.skipif(shutil.which("dvc") is None and not (REPO / ".venv/bin/dvc").is_file(), reason="no dvc")
-def test_dvc_metrics_and_plots_show_read_the_report_outputs(failing: Path) -> None:
-    root = failing.parent
+def test_dvc_metrics_and_plots_show_read_the_report_and_the_measurements(failing: Path, tmp_path: Path) -> None:
+    root = tmp_path / "repo"
+    shutil.copytree(failing.parent.parent, root)
+    make_measurements(root)
     env = cli_env(DVC_NO_ANALYTICS="1")  # offline machines: no telemetry attempt
-    shutil.copy(REPO / "dvc.yaml", root / "dvc.yaml")
+    (root / "dvc.yaml").write_text(yaml.safe_dump(PROPOSED_DVC, sort_keys=False))
     subprocess.run(["git", "init", "-q"], cwd=root, check=True)
     subprocess.run(["dvc", "init", "-q"], cwd=root, env=env, check=True)
     metrics = subprocess.run(
         ["dvc", "metrics", "show", "--json"], cwd=root, env=env, capture_output=True, text=True, check=True
     )
     data = json.loads(metrics.stdout)[""]["data"]
-    summaries = {path: found["data"] for path, found in data.items() if path.startswith("reports/summary/")}
-    assert sorted(summaries) == sorted(f"reports/summary/{m}.json" for m in MODELS)
-    assert summaries["reports/summary/cnn.json"]["failed_checks"] == 1
-    assert summaries["reports/summary/cnn.json"]["worst_forward_parity_over_tol"] == pytest.approx(32.0)
-    assert summaries["reports/summary/mlp.json"]["tf"]["test_loss"] == pytest.approx(0.1)
-    assert len(set().union(*(dvc_flatten(d) for d in summaries.values()))) <= 12
+    found = {path: entry["data"] for path, entry in data.items()}
+    summary = f"{paths.SUMMARY}/"
+    summaries = {path: d for path, d in found.items() if path.startswith(summary)}
+    assert sorted(summaries) == sorted(f"{summary}{m}.json" for m in MODELS)
+    assert summaries[f"{summary}cnn.json"]["worst_forward_parity_over_tol"] == pytest.approx(32.0)
+    assert summaries[f"{summary}cnn.json"]["passed"] is False
+    assert summaries[f"{summary}mlp.json"]["tf"]["test_loss"] == pytest.approx(0.1)
+    measured = {path: d for path, d in found.items() if path.startswith("measurements/metrics/")}
+    assert {f"measurements/metrics/{m}-{fw}.json" for m in MODELS for fw in FRAMEWORKS} <= set(measured)
+    assert measured["measurements/metrics/mlp-tf.json"]["train_seconds"] == pytest.approx(TRAIN_SECONDS["tf"])
+    assert len(set().union(*(dvc_flatten(d) for d in found.values()))) <= 12
     plots = subprocess.run(
         ["dvc", "plots", "show", "--json"], cwd=root, env=env, capture_output=True, text=True, check=True
     )
     rendered = json.loads(plots.stdout)["data"]
     for model in MODELS:
-        content = rendered[f"loss_{model}"][0]["content"]
-        assert {v["filename"] for v in content["data"]["values"]} == {f"{fw}.csv" for fw in FRAMEWORKS}
-    assert len(rendered["latency_ratio"][0]["content"]["data"]["values"]) == 18
-    assert len(rendered["latency_ms"][0]["content"]["data"]["values"]) == 36
+        values = rendered[f"{paths.PLOTS}/loss/{model}.csv"][0]["content"]["data"]["values"]
+        assert {v["rev"] for v in values} == {"workspace"}
+        assert len(values) == 60 * len(FRAMEWORKS)  # three curves, one per framework column
+    assert len(rendered["measurements/latency.csv"][0]["content"]["data"]["values"]) == 18
 
 
 def test_missing_inputs_are_reported_not_fatal(tmp_path: Path) -> None:
     make_artifacts(tmp_path)
     (tmp_path / "artifacts/cnn/jax/model.onnx").unlink()
-    (tmp_path / "reports/latency/mlp/tf.json").unlink()
+    (tmp_path / "artifacts/mlp/tf/metrics.json").unlink()
     (tmp_path / "artifacts/attention/torch/export.json").write_text("{ not json")
-    build(tmp_path, tmp_path / "reports", environments=None)
-    md = (tmp_path / "reports/report.md").read_text()
+    build(tmp_path)
+    md = (tmp_path / paths.REPORT / "report.md").read_text()
     verdict = md.split("## Models")[0]
     assert "`artifacts/cnn/jax/model.onnx: missing`" in verdict
-    assert "`reports/latency/mlp/tf.json: missing`" in verdict
+    assert "`artifacts/mlp/tf/metrics.json: missing`" in verdict
     assert "artifacts/attention/torch/export.json: unreadable (JSONDecodeError" in verdict
     assert "| jax | `model.onnx` | missing |" in md
 
@@ -229,14 +358,14 @@ def test_missing_inputs_are_reported_not_fatal(tmp_path: Path) -> None:
 def test_no_validation_report_means_not_validated(tmp_path: Path) -> None:
     make_artifacts(tmp_path)
     (tmp_path / "reports/validation.json").unlink()
-    build(tmp_path, tmp_path / "reports", environments=None)
-    assert "NOT VALIDATED" in (tmp_path / "reports/report.md").read_text()
-    summary = json.loads((tmp_path / "reports/summary/mlp.json").read_text())
-    assert summary["passed"] is False and summary["failed_checks"] is None
+    build(tmp_path)
+    assert "NOT VALIDATED" in (tmp_path / paths.REPORT / "report.md").read_text()
+    summary = json.loads((tmp_path / paths.summary("mlp")).read_text())
+    assert summary["passed"] is False and summary["worst_forward_parity_over_tol"] is None
 
 
 def test_onnx_summary_reads_opset_ops_and_io(passing: Path) -> None:
-    summary = summarize(passing.parent / "artifacts/mlp/jax/model.onnx")
+    summary = summarize(passing.parent.parent / "artifacts/mlp/jax/model.onnx")
     assert summary.opset == 23 and summary.producer == "jax2onnx" and summary.nodes == 7
     assert summary.ops["MatMul"] == 2 and summary.ops["Identity"] == 1
     assert [str(t) for t in summary.inputs] == ["images: float[B, 8, 8]"]
@@ -250,17 +379,46 @@ def test_shortfall_says_how_far_from_passing() -> None:
     assert shortfall(None, 1e-5, "ONNX file is missing") == "ONNX file is missing"
 
 
+def _timings_js_missing(entry: dict) -> bool:
+    return "measurements/timings.js" in entry.get("message", "") and "ERR_FILE_NOT_FOUND" in entry.get("message", "")
+
+
 @pytest.mark.skipif(browser_missing() is not None, reason=str(browser_missing()))
 def test_html_renders_offline_in_headless_chromium(failing: Path, tmp_path: Path) -> None:
+    """Without measurements (as after `dvc pull`): every figure, and the sentence saying they are absent."""
     png = tmp_path / "report.png"
+    assert not (failing.parent.parent / "measurements").exists()
     page = load_in_browser(failing / "report.html", png)
     assert page["title"] == "Rosetta: artifact comparison report"
-    assert page["errors"] == []  # no console error, uncaught exception or failed load
-    assert len(page["images"]) == 3 * len(MODELS) + 1
+    # No console error, uncaught exception or failed load, but the absent measurements file's.
+    assert [e for e in page["errors"] if not _timings_js_missing(e)] == [], page["errors"]
+    assert len(page["images"]) == 3 * len(MODELS)
     assert all(img["complete"] and img["width"] > 0 for img in page["images"]), page["images"]
-    # Only the file itself and its inline images: the report opens with no network.
+    # Only the file itself, its inline images and the measurements script: the report opens with no network.
     assert page["requests"] and all(url.startswith(("file://", "data:")) for url in page["requests"]), page["requests"]
+    assert any(url.endswith("/measurements/timings.js") for url in page["requests"])
+    assert MEASUREMENTS_TITLE in page["measurements"]["text"]
+    assert ABSENT in page["measurements"]["text"] and page["measurements"]["rows"] is None
 
     pixels = imread(png)[..., :3]
     non_white = np.any(pixels < 0.95, axis=-1).mean()
     assert non_white > 0.01, f"screenshot is blank ({non_white:.2%} non-white pixels)"
+
+
+@pytest.mark.skipif(browser_missing() is not None, reason=str(browser_missing()))
+def test_browser_shows_the_measurements_of_this_run(failing: Path, tmp_path: Path) -> None:
+    root = tmp_path / "repo"
+    shutil.copytree(failing.parent.parent, root)
+    make_measurements(root, skip=(("attention", "jax"),))
+    page = load_in_browser(root / paths.REPORT / "report.html", tmp_path / "report.png")
+    assert page["errors"] == []
+    assert ABSENT not in page["measurements"]["text"]
+    rows = page["measurements"]["rows"]
+    assert rows[0][:4] == ["model", "framework", "train time", "steady samples/s"]
+    assert "batch 1: native / ORT" in rows[0] and "batch 64: ONNX Runtime ms" in rows[0]
+    assert [r[:2] for r in rows[1:]] == [[m, fw] for m in MODELS for fw in FRAMEWORKS]
+    tf_mlp = next(r for r in rows if r[:2] == ["mlp", "tf"])
+    # train time, steady samples/s, then per batch: native ms, ORT ms, native / ORT (tf at batch 64: 10x).
+    assert tf_mlp[2:4] == ["3.46 s", "2,469"] and tf_mlp[-3:] == ["4.500", "0.450", "10.00x"]
+    assert next(r for r in rows if r[:2] == ["attention", "jax"])[2] == "not measured on this machine"
+    assert "8 of 9 runs measured on x86_64, 4 cores" in page["measurements"]["text"]

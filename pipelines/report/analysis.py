@@ -147,24 +147,33 @@ def training_parity(inputs: Inputs, model: str) -> list[dict[str, Any]]:
     return table
 
 
+QUALITY = ("test_accuracy", "test_loss")
+
+
+def quality(inputs: Inputs, model: str, framework: str) -> dict[str, Any]:
+    """Test accuracy and loss of one run: the validate stage's own figures (recomputed from the hashed artifacts)
+    where reports/validation.json records them per run, else the train_export stage's metrics.json."""
+    for row in (inputs.validation or {}).get("runs", []):
+        if row.get("model") == model and row.get("framework") == framework and all(k in row for k in QUALITY):
+            return {key: row[key] for key in QUALITY}
+    metrics = inputs.run(model, framework).metrics or {}
+    return {key: metrics.get(key) for key in QUALITY}
+
+
 def run_rows(inputs: Inputs, model: str) -> list[dict[str, Any]]:
-    """Per framework: size, quality, training speed and export time of one model."""
+    """Per framework: size, quality and training of one model (no timings: they are measurements, not lineage)."""
     rows = []
     for fw in inputs.frameworks:
         run = inputs.run(model, fw)
-        # Training figures from the metrics file, or from the train log where a figure is kept only there.
-        m, e = {**(run.train_log or {}), **(run.metrics or {})}, run.export or {}
+        m, log, e = run.metrics or {}, run.train_log or {}, run.export or {}
         rows.append(
             {
                 "framework": fw,
                 "parameters": m.get("parameters"),
-                "test_accuracy": m.get("test_accuracy"),
-                "test_loss": m.get("test_loss"),
+                **quality(inputs, model, fw),
                 "final_train_loss": m.get("final_train_loss"),
-                "train_seconds": m.get("train_seconds"),
-                "samples_per_second": m.get("samples_per_second"),
-                "native_export_seconds": e.get("native_export_seconds"),
-                "onnx_export_seconds": e.get("onnx_export_seconds"),
+                "epochs": m.get("epochs", log.get("epochs")),
+                "steps": len(log["step_losses"]) if isinstance(log.get("step_losses"), list) else None,
                 "native_formats": ", ".join(sorted(e.get("native_roundtrip_max_abs", {}))),
             }
         )
@@ -181,24 +190,3 @@ def op_table(inputs: Inputs, model: str, file: str = "model.onnx") -> tuple[list
     ops = sorted(total, key=lambda op: (-total[op], op))
     rows = [{"op": op, **{fw: (s.ops.get(op, 0) if s else None) for fw, s in counts.items()}} for op in ops]
     return ops, rows
-
-
-def latency_rows(inputs: Inputs, model: str) -> list[dict[str, Any]]:
-    rows = []
-    for fw in inputs.frameworks:
-        record = inputs.run(model, fw).latency
-        if not record:
-            continue
-        threads = record.get("environment", {}).get("threads", {})
-        fw_threads = threads.get("framework", {})
-        for result in record.get("results", []):
-            rows.append(
-                {
-                    "framework": fw,
-                    **result,
-                    # None: the framework sizes its pool itself (one thread per core), see the record's "source".
-                    "framework_threads": fw_threads.get("intra_op") or "auto",
-                    "onnx_threads": threads.get("onnxruntime", {}).get("intra_op"),
-                }
-            )
-    return rows

@@ -1,5 +1,9 @@
-"""Read everything the pipeline wrote into one structure. A missing or unreadable input is recorded (and
-shown in the report) rather than fatal: a report on a half-run pipeline is still useful, and says so."""
+"""Read the lineage the report stands on into one structure: each run's folder (artifacts/<model>/<framework>/:
+metrics.json, train_log.json, export.json, the ONNX files) and reports/validation.json. Never measurements/: they
+are no dependency of the report stage, so nothing rendered at build time may come from them.
+
+A missing or unreadable input is recorded (and shown in the report) rather than fatal: a report on a half-run
+pipeline is still useful, and says so."""
 
 from __future__ import annotations
 
@@ -25,7 +29,6 @@ class Run:
     train_log: dict[str, Any] | None = None
     export: dict[str, Any] | None = None
     onnx: dict[str, OnnxSummary] = field(default_factory=dict)  # "model.onnx" / "init.onnx" -> summary
-    latency: dict[str, Any] | None = None
 
 
 @dataclass
@@ -90,7 +93,6 @@ def collect(root: Path) -> Inputs:
                 summary = reader.onnx(where(model, fw))
                 if summary is not None:
                     run.onnx[name] = summary
-            run.latency = reader.json(paths.latency_record(model, fw))
             runs[(model, fw)] = run
     validation = reader.json(paths.VALIDATION)
     return Inputs(root, spec, params_text, runs, validation, reader.problems)

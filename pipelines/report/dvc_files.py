@@ -1,10 +1,14 @@
-"""What DVC reads from the report stage: headline metrics (`dvc metrics show`) and plot data
-(`dvc plots show`, declared in dvc.yaml's top-level `plots:`): one loss CSV per model and framework, so a
-plot overlays the three frameworks' files, and one latency CSV.
+"""What DVC reads from the report stage: headline metrics (`dvc metrics show`) and plot data (`dvc plots show`).
+
+Plots: one loss CSV per model, plots/loss/<model>.csv with columns step,<framework>... (step losses, a column per
+framework), so one plot definition over the folder in dvc.yaml draws every model, whatever their number, with
+the frameworks overlaid. Latency is a measurement, not lineage: measurements/latency.csv, never here.
 
 `dvc metrics show` prints one row per metrics file and one column per (flattened, dot-joined) key of any file,
-so the headline figures are one small file per model, reports/summary/<model>.json: models add rows, never
-columns. Everything else (every check, every latency) is in the report and reports/validation.json."""
+so the headline figures are one small file per model, summary/<model>.json: models add rows, never columns.
+It holds at most 10 keys (each framework's test accuracy and loss, three worst parity figures, the verdict),
+so that with measurements/metrics/<model>-<framework>.json (train_seconds, steady_samples_per_second) the table
+stays within 12 columns. Everything else (every check) is in the report and reports/validation.json."""
 
 from __future__ import annotations
 
@@ -15,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines import paths
-from pipelines.report.analysis import check_rows, latency_rows
+from pipelines.report.analysis import check_rows, quality
 from pipelines.report.collect import Inputs
 
 PLOTS = paths.PLOTS
@@ -27,11 +31,11 @@ WORST = {
     "worst_step1_loss_over_tol": ("train_step1_loss_rel",),
     "worst_test_loss_over_tol": ("test_loss_rel",),
 }
-HEADLINE = ("test_accuracy", "test_loss")  # per framework, from metrics/<model>/<framework>.json
 
 
-def loss_csv_path(model: str, framework: str) -> Path:
-    return Path("loss") / model / f"{framework}.csv"
+def loss_csv_path(model: str) -> Path:
+    """Relative to the plots folder."""
+    return Path("loss") / f"{model}.csv"
 
 
 def _csv(header: list[str], rows: list[list[Any]]) -> str:
@@ -43,30 +47,27 @@ def _csv(header: list[str], rows: list[list[Any]]) -> str:
 
 
 def plot_files(inputs: Inputs) -> dict[Path, str]:
-    """Relative path under reports/plots -> CSV text."""
+    """Relative path under the plots folder -> CSV text: per model, step and each framework's step loss (an
+    empty cell where a framework has no loss for that step)."""
     files = {}
-    for (model, fw), run in inputs.runs.items():
-        log = run.train_log or {}
-        per_epoch = int(log.get("steps_per_epoch") or 0) or None
-        rows = [
-            [step, loss, (step - 1) // per_epoch + 1 if per_epoch else ""]
-            for step, loss in enumerate(log.get("step_losses", []), start=1)
-        ]
-        files[loss_csv_path(model, fw)] = _csv(["step", "loss", "epoch"], rows)
-    ratios, medians = [], []
     for model in inputs.models:
-        for row in latency_rows(inputs, model):
-            case = f"{model} {row['framework']} b{row['batch']}"
-            ratios.append([case, model, row["framework"], row["batch"], row["native_median_ms"],
-                           row["onnx_median_ms"], row["native_over_onnx"]])
-            # One bar per runtime: DVC's bar templates take one x field per file.
-            for runtime, key in (("native", "native_median_ms"), ("onnxruntime", "onnx_median_ms")):
-                medians.append([f"{case} {runtime}", model, row["framework"], row["batch"], runtime, row[key]])
-    files[Path("latency.csv")] = _csv(
-        ["case", "model", "framework", "batch", "native_ms", "onnx_ms", "native_over_onnx"], ratios
-    )
-    files[Path("latency_ms.csv")] = _csv(["case", "model", "framework", "batch", "runtime", "median_ms"], medians)
+        losses = {fw: (inputs.run(model, fw).train_log or {}).get("step_losses") or [] for fw in inputs.frameworks}
+        steps = max((len(v) for v in losses.values()), default=0)
+        rows = [
+            [step, *(_number(v[step - 1]) if step <= len(v) else "" for v in losses.values())]
+            for step in range(1, steps + 1)
+        ]
+        files[loss_csv_path(model)] = _csv(["step", *inputs.frameworks], rows)
     return files
+
+
+def _number(value: Any) -> str:
+    """Full precision, one spelling (repr of the float64), so the CSV's bytes follow the losses' values alone."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return ""
+    return repr(number) if math.isfinite(number) else ""
 
 
 def _finite(value: Any) -> Any:
@@ -84,21 +85,18 @@ def _worst(rows: list[dict[str, Any]], checks: tuple[str, ...]) -> float | None:
 
 def model_summary(inputs: Inputs, model: str) -> dict[str, Any]:
     """One model's headline figures: each framework's test accuracy and loss, the worst parity figures (as
-    multiples of their tolerances), how many of its checks failed and whether all passed. At most 12 leaves."""
+    multiples of their tolerances) and whether every check of the model passed. At most 10 leaves."""
     out: dict[str, Any] = {}
     for fw in inputs.frameworks:
-        metrics = inputs.run(model, fw).metrics or {}
-        out[fw] = {key: _finite(metrics.get(key)) for key in HEADLINE}
+        out[fw] = {key: _finite(value) for key, value in quality(inputs, model, fw).items()}
     rows = check_rows(inputs, model)
     for key, checks in WORST.items():
         out[key] = _worst(rows, checks)
     validated = bool(inputs.validation and "checks" in inputs.validation)
-    failed = sum(not r.get("passed") for r in rows)
-    out["failed_checks"] = failed if validated else None
-    out["passed"] = validated and bool(rows) and failed == 0
+    out["passed"] = validated and bool(rows) and all(r.get("passed") for r in rows)
     return out
 
 
 def summaries(inputs: Inputs) -> dict[Path, dict[str, Any]]:
-    """File name under reports/summary -> its content, one per model."""
+    """File name under the summary folder -> its content, one per model."""
     return {paths.summary(model).relative_to(SUMMARY): model_summary(inputs, model) for model in inputs.models}

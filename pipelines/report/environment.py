@@ -1,17 +1,17 @@
-"""The environment manifest: for each isolated environment its Python, key package versions (as locked, and as
-the bench stage found them installed) and lock hash, plus the orchestrator's own, the git revision and the params
-used. Read from files (pyproject.toml, the locks, each environment's pyvenv.cfg, reports/latency records), never
-by importing a framework or the bench code."""
+"""The environment manifest: for each isolated environment the Python it requires, key package versions (as
+locked, and as the train_export stage found them installed: export.json's `versions`) and lock hash, plus the
+orchestrator's own, and the params used.
+
+Read from files the report stage depends on (pyproject.toml, the locks, each run's export.json), never from the
+machine building the report (no importlib.metadata, no pyvenv.cfg, no git): the manifest, like the whole
+report, is a pure function of the stage's inputs."""
 
 from __future__ import annotations
 
-import platform
 import re
-import subprocess
 import tomllib
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 
 from pipelines import environments
@@ -30,7 +30,7 @@ class EnvironmentRow:
     lock_sha256: str | None
     python: str | None
     packages: dict[str, str] = field(default_factory=dict)  # name -> pinned version
-    measured: dict[str, str] = field(default_factory=dict)  # name -> version the bench stage found installed
+    measured: dict[str, str] = field(default_factory=dict)  # name -> version train_export found installed
     note: str = ""
 
 
@@ -42,6 +42,13 @@ def lock_pins(text: str) -> dict[str, str]:
     return {normalize(name): version for name, version in _PIN.findall(text)}
 
 
+def _read_pins(path: Path) -> dict[str, str]:
+    try:
+        return lock_pins(path.read_text())
+    except OSError:
+        return {}
+
+
 def sha256(path: Path) -> str | None:
     try:
         return environments.lock_sha256(path)  # the hash the runner and the image labels use
@@ -49,36 +56,18 @@ def sha256(path: Path) -> str | None:
         return None
 
 
-def installed(names: Iterable[str]) -> dict[str, str]:
-    """Versions installed in this (the orchestrator's) environment."""
-    found = {}
-    for name in names:
-        try:
-            found[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-    return found
+def _project(path: Path) -> dict:
+    try:
+        return tomllib.loads(path.read_text()).get("project", {})
+    except (OSError, tomllib.TOMLDecodeError):
+        return {}
 
 
 def _direct_dependencies(member: Path, variant: str) -> list[str]:
-    try:
-        project = tomllib.loads((member / "pyproject.toml").read_text())["project"]
-    except (OSError, KeyError, tomllib.TOMLDecodeError):
-        return []
+    project = _project(member / "pyproject.toml")
     specs = [*project.get("dependencies", []), *project.get("optional-dependencies", {}).get(variant, [])]
     names = [normalize(m.group(1)) for s in specs if (m := _NAME.match(s))]
     return [n for n in names if n not in ("pytest", "ruff")]  # test tools are not what the model runs on
-
-
-def _python_of(env_dir: Path) -> str | None:
-    try:
-        for line in (env_dir / "pyvenv.cfg").read_text().splitlines():
-            key, _, value = line.partition("=")
-            if key.strip() in ("version_info", "version"):
-                return value.strip()
-    except OSError:
-        pass
-    return None
 
 
 def _members(root: Path) -> dict[str, environments.Environment]:
@@ -90,57 +79,38 @@ def _members(root: Path) -> dict[str, environments.Environment]:
 
 def environment_rows(
     root: Path,
-    envs_dir: Path | None,
     variant: str = "cpu",
     measured: Mapping[str, Mapping[str, str]] | None = None,
 ) -> list[EnvironmentRow]:
     """One row per environment of root's pyproject.toml, then the orchestrator's. `measured`: environment ->
-    the versions its bench records hold (what actually ran, next to what the lock pins)."""
+    the versions its runs' export.json records (what actually ran, next to what the lock pins); a recorded
+    "python" is shown as the environment's Python, else the Python the project requires."""
+    required = _project(root / "pyproject.toml").get("requires-python")
     rows = []
     for name, member in _members(root).items():
-        package = member.package
         lock = member.lock(variant, root)
-        try:
-            pins = lock_pins(lock.read_text())
-        except OSError:
-            pins = {}
-        wanted = [*_direct_dependencies(root / package, variant), *NOTABLE]
-        packages = {n: pins[n] for n in dict.fromkeys(wanted) if n in pins}
-        env_dir = envs_dir / f"{name}-{variant}" if envs_dir else None
-        python = _python_of(env_dir) if env_dir else None
+        pins = _read_pins(lock)
+        wanted = [*_direct_dependencies(root / member.package, variant), *NOTABLE]
+        installed = dict((measured or {}).get(name, {}))
+        python = installed.pop("python", None)
         rows.append(
             EnvironmentRow(
                 name=name,
                 lock=str(lock.relative_to(root)),
                 lock_sha256=sha256(lock),
-                python=python,
-                packages=packages,
-                measured=dict((measured or {}).get(name, {})),
-                note="" if python else "environment not built here: Python version unknown",
+                python=python or required,
+                packages={n: pins[n] for n in dict.fromkeys(wanted) if n in pins},
+                measured=installed,
             )
         )
-    packages = installed(ORCHESTRATOR)
+    pins = _read_pins(root / "requirements.lock")
     rows.append(
         EnvironmentRow(
             name="orchestrator (this report)",
             lock="requirements.lock",
             lock_sha256=sha256(root / "requirements.lock"),
-            python=platform.python_version(),
-            packages=packages,
+            python=required,
+            packages={n: pins[n] for n in ORCHESTRATOR if n in pins},
         )
     )
     return rows
-
-
-def git_revision(root: Path) -> str:
-    def git(*args: str) -> str:
-        return subprocess.run(
-            ["git", *args], cwd=root, capture_output=True, text=True, check=True, timeout=30
-        ).stdout.strip()
-
-    try:
-        revision = git("rev-parse", "HEAD")
-        dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
-    except (OSError, subprocess.SubprocessError):
-        return "unknown (not a git checkout, or git is missing)"
-    return f"{revision} (uncommitted changes)" if dirty else revision

@@ -1,13 +1,19 @@
 """The report's figures, drawn with matplotlib's Agg backend and embedded as base64 PNG data URIs (the HTML
-must open offline, as one file). The object API (Figure + FigureCanvasAgg) keeps no global pyplot state."""
+must open offline, as one file). The object API (Figure + FigureCanvasAgg) keeps no global pyplot state.
+
+Byte-stable: the same inputs give the same bytes (the report is lineage). Every figure is drawn under `STABLE`
+(matplotlib's bundled font, a fixed SVG hash salt should a figure ever be saved as SVG) and saved without the
+metadata that would vary (date, software version). Only lineage is drawn here: no timings (they are measurements,
+shown by report.html's script)."""
 
 from __future__ import annotations
 
 import base64
+import functools
 import io
 import math
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ParamSpec
 
 import matplotlib
 
@@ -21,6 +27,16 @@ from matplotlib.ticker import MaxNLocator
 
 from pipelines.report.analysis import ParityMatrix
 
+P = ParamSpec("P")
+# rcParams every figure is drawn under, whatever the user's matplotlibrc says.
+STABLE = {
+    "svg.hashsalt": "rosetta",  # SVG ids from a fixed salt, not a random one
+    "font.family": "DejaVu Sans",  # shipped inside matplotlib: the same glyphs on every machine
+    "path.simplify": True,
+    "savefig.dpi": 110,
+}
+# Metadata that would change the bytes without changing the figure (PNG "Software"; SVG/PDF "Date" too).
+METADATA = {"png": {"Software": None}, "svg": {"Date": None, "Creator": None}}
 COLORS = {"torch": "#ee4c2c", "tf": "#1f6fb4", "jax": "#2ca02c", "reference": "#555555"}
 DPI = 110
 
@@ -29,14 +45,28 @@ def color(name: str) -> str:
     return COLORS.get(name, "#8c564b")
 
 
-def data_uri(fig: Figure) -> str:
+def stable(draw: Callable[P, str | None]) -> Callable[P, str | None]:
+    """Draw a figure under the fixed rcParams (font properties are resolved when artists are made, so the whole
+    drawing runs under them, not only the save)."""
+
+    @functools.wraps(draw)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> str | None:
+        with matplotlib.rc_context(STABLE):
+            return draw(*args, **kwargs)
+
+    return wrapper
+
+
+def data_uri(fig: Figure, fmt: str = "png") -> str:
     FigureCanvasAgg(fig)
     buffer = io.BytesIO()
-    # Fixed metadata: the same figure gives the same bytes, so the report does not change without cause.
-    fig.savefig(buffer, format="png", dpi=DPI, metadata={"Software": None})
-    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+    with matplotlib.rc_context(STABLE):
+        fig.savefig(buffer, format=fmt, dpi=DPI, metadata=METADATA[fmt])
+    mime = {"png": "image/png", "svg": "image/svg+xml"}[fmt]
+    return f"data:{mime};base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
+@stable
 def loss_curves(model: str, logs: Mapping[str, dict[str, Any] | None]) -> str | None:
     """Step losses of every framework overlaid (log scale), and each one's distance from the first one's."""
     logs = {fw: log for fw, log in logs.items() if log and log.get("step_losses")}
@@ -76,6 +106,7 @@ def loss_curves(model: str, logs: Mapping[str, dict[str, Any] | None]) -> str | 
     return data_uri(fig)
 
 
+@stable
 def parity_heatmap(model: str, matrix: ParityMatrix) -> str | None:
     values = np.asarray(matrix.values, dtype=np.float64)
     if not np.isfinite(values).any():
@@ -107,6 +138,7 @@ def parity_heatmap(model: str, matrix: ParityMatrix) -> str | None:
     return data_uri(fig)
 
 
+@stable
 def op_histogram(
     model: str, ops: Sequence[str], rows: Sequence[Mapping[str, Any]], frameworks: Sequence[str]
 ) -> str | None:
@@ -125,37 +157,5 @@ def op_histogram(
     ax.set(xlabel="nodes", title=f"{model}: op types in model.onnx per exporter")
     ax.legend(loc="lower right")
     ax.grid(axis="x", alpha=0.3)
-    fig.tight_layout()
-    return data_uri(fig)
-
-
-def latency_ratios(rows_by_model: Mapping[str, Sequence[Mapping[str, Any]]], frameworks: Sequence[str]) -> str | None:
-    """Native / ONNX Runtime median latency per model and batch size (log scale; above 1: ONNX Runtime faster)."""
-    groups = sorted({(model, r["batch"]) for model, rows in rows_by_model.items() for r in rows},
-                    key=lambda g: (list(rows_by_model).index(g[0]), g[1]))
-    if not groups:
-        return None
-    fig = Figure(figsize=(max(6.0, 1.3 * len(groups) + 2), 3.8))
-    ax = fig.subplots()
-    width = 0.8 / max(1, len(frameworks))
-    x = np.arange(len(groups))
-    for k, fw in enumerate(frameworks):
-        ratios = []
-        for model, batch in groups:
-            rows = rows_by_model[model]
-            found = [r["native_over_onnx"] for r in rows if r["framework"] == fw and r["batch"] == batch]
-            ratios.append(found[0] if found else np.nan)
-        # Bars grow from 1 (parity) up or down, so "ONNX Runtime slower" reads as a bar below the line.
-        heights = np.asarray(ratios, dtype=np.float64) - 1.0
-        ax.bar(x + (k - (len(frameworks) - 1) / 2) * width, heights, bottom=1.0, width=width, color=color(fw), label=fw)
-    ax.axhline(1.0, color="black", lw=1)
-    ax.set_yscale("log")
-    finite = [r["native_over_onnx"] for rows in rows_by_model.values() for r in rows if r.get("native_over_onnx")]
-    if finite:  # room above the tallest bar and below the shortest, with 1 always in view
-        ax.set_ylim(min([*finite, 1.0]) / 1.6, max([*finite, 1.0]) * 1.6)
-    ax.set_xticks(x, [f"{m}\nbatch {b}" for m, b in groups])
-    ax.set(ylabel="native / ONNX Runtime (median)", title="Latency ratio: above 1, ONNX Runtime is faster")
-    ax.legend()
-    ax.grid(axis="y", alpha=0.3, which="both")
     fig.tight_layout()
     return data_uri(fig)

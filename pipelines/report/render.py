@@ -1,10 +1,16 @@
 """Turn the collected inputs into the report's two renderings: one self-contained HTML file (inline CSS,
-figures as data URIs, a Content-Security-Policy that forbids any fetch) and Markdown. Both render the same
-sections and the same tables (tables.py); only the figures are HTML's alone."""
+figures as data URIs, a Content-Security-Policy that allows no fetch but one script) and Markdown. Both render
+the same sections and the same tables (tables.py); only the figures and the measurements are HTML's alone.
+
+Byte-stable: what is rendered here depends on the inputs only (no date, no git state, no absolute path, no
+timing). The measurements of this run (timings) are no input: report.html loads MEASUREMENTS_JS, relative to
+itself, and its inline script (templates/measurements.js, allowed by its hash) draws them in the browser."""
 
 from __future__ import annotations
 
-import datetime
+import base64
+import hashlib
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -13,11 +19,20 @@ import jinja2
 
 from pipelines.report import analysis, figures, tables
 from pipelines.report.collect import Inputs
-from pipelines.report.environment import environment_rows, git_revision
+from pipelines.report.environment import environment_rows
 from pipelines.report.sources import extract
 from pipelines.report.tables import Group, fmt
 
 TEMPLATES = Path(__file__).parent / "templates"
+# measurements/timings.js as seen from reports/comparison/report.html (paths.REPORT; pipelines/measurements.py).
+MEASUREMENTS_JS = "../../measurements/timings.js"
+MEASUREMENTS_TITLE = "Measurements of this run on this machine (not part of the reproducible lineage)"
+MEASUREMENTS_WHERE = (
+    "Timings (training time, throughput, inference latency natively and in ONNX Runtime) are measurements of one "
+    "run on one machine, not lineage, so no reproducible file holds them: they are in measurements/ "
+    "(measurements/<model>/<framework>.json, latency.csv, metrics/), shown by `dvc metrics show` and "
+    "`dvc plots show`, and by report.html when it is opened next to them."
+)
 
 
 @dataclass
@@ -27,7 +42,7 @@ class Section:
     note: str = ""
     groups: list[Group] = field(default_factory=list)  # one per model
     figures: list[tuple[str, str]] = field(default_factory=list)  # section-wide figures (HTML only)
-    kind: str = "tables"  # "tables", or a section with its own markup: "sources", "environment"
+    kind: str = "tables"  # "tables", or a section with its own markup: "sources", "environment", "measurements"
 
 
 def md_cell(value: Any) -> str:
@@ -69,28 +84,29 @@ def _figure(uri: str | None, alt: str) -> list[tuple[str, str]]:
 
 
 def measured_versions(inputs: Inputs) -> dict[str, dict[str, str]]:
-    """Per framework, the package versions the bench stage recorded (what ran, as installed)."""
+    """Per framework, the package versions its train_export stage recorded in export.json (what ran, as
+    installed): the first model's record that has them, in the spec's order."""
     found: dict[str, dict[str, str]] = {}
     for (_, fw), run in inputs.runs.items():
-        versions = (run.latency or {}).get("versions")
-        if versions and fw not in found:
-            found[fw] = dict(versions)
+        versions = (run.export or {}).get("versions")
+        if isinstance(versions, dict) and versions and fw not in found:
+            found[fw] = {str(k): str(v) for k, v in versions.items()}
     return found
 
 
-def sections(inputs: Inputs, envs_dir: Path | None, variant: str) -> list[Section]:
+def sections(inputs: Inputs, variant: str) -> list[Section]:
     models = inputs.models
     logs = {m: {fw: inputs.run(m, fw).train_log for fw in inputs.frameworks} for m in models}
     matrices = {m: analysis.forward_parity(inputs, m) for m in models}
     ops = {m: analysis.op_table(inputs, m) for m in models}
-    latency = {m: analysis.latency_rows(inputs, m) for m in models}
     measured = measured_versions(inputs)
     return [
         Section(
             "runs",
-            "Models: size, quality, training and export",
-            "Throughput is training samples per second over the whole training loop; export times are the "
-            "framework's native export and its ONNX converter.",
+            "Models: size, quality and training",
+            "Test accuracy and loss as the validate stage recomputed them where reports/validation.json records "
+            "them, else as the train_export stage measured them (metrics.json). Timings are measurements, not "
+            "lineage: see the measurements section.",
             [Group(m, [tables.runs(inputs, m)]) for m in models],
         ),
         Section(
@@ -134,17 +150,7 @@ def sections(inputs: Inputs, envs_dir: Path | None, variant: str) -> list[Sectio
                 for m in models
             ],
         ),
-        Section(
-            "latency",
-            "Inference latency",
-            "Measured by the bench stage inside each framework's environment: the package's own predict() (numpy "
-            "in, numpy out) vs an ONNX Runtime session of the same model.onnx with as many intra-op threads "
-            '("auto": the framework uses one per core, and ONNX Runtime gets the available cores), same inputs, '
-            "after warm-up, interleaved repeats; medians in ms. A ratio above 1 means ONNX Runtime is faster. "
-            "Numbers, not checks: they depend on the machine.",
-            [Group(m, [tables.latency(inputs, m)]) for m in models],
-            _figure(figures.latency_ratios(latency, inputs.frameworks), "latency ratios"),
-        ),
+        Section("measurements", MEASUREMENTS_TITLE, MEASUREMENTS_WHERE, kind="measurements"),
         Section(
             "sources",
             "Model definitions, side by side",
@@ -154,7 +160,7 @@ def sections(inputs: Inputs, envs_dir: Path | None, variant: str) -> list[Sectio
         Section(
             "environment",
             "Environment",
-            groups=[Group("", [tables.environments(environment_rows(inputs.root, envs_dir, variant, measured))])],
+            groups=[Group("", [tables.environments(environment_rows(inputs.root, variant, measured))])],
             kind="environment",
         ),
         Section(
@@ -166,19 +172,29 @@ def sections(inputs: Inputs, envs_dir: Path | None, variant: str) -> list[Sectio
     ]
 
 
-def context(inputs: Inputs, envs_dir: Path | None, variant: str = "cpu") -> dict[str, Any]:
+def inline_script() -> tuple[str, str]:
+    """The measurements script and its CSP hash ("sha256-..."): the page runs that inline script and no other."""
+    code = (TEMPLATES / "measurements.js").read_text()
+    digest = base64.b64encode(hashlib.sha256(code.encode()).digest()).decode("ascii")
+    return code, f"sha256-{digest}"
+
+
+def context(inputs: Inputs, variant: str = "cpu") -> dict[str, Any]:
     judged = analysis.verdict(inputs)
+    script, script_hash = inline_script()
     return {
         "title": "Rosetta: artifact comparison report",
-        "generated": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "verdict": judged,
         "failures": tables.failures(judged),
         "frameworks": inputs.frameworks,
-        "sections": sections(inputs, envs_dir, variant),
+        "sections": sections(inputs, variant),
         "sources": {m: [extract(inputs.root, fw, m) for fw in inputs.frameworks] for m in inputs.models},
-        "revision": git_revision(inputs.root),
         "params": inputs.params_text,
         "optimizer": inputs.spec.train.optimizer,
+        "measurements_js": MEASUREMENTS_JS,
+        "measurements_runs": json.dumps([[m, fw] for m in inputs.models for fw in inputs.frameworks]),
+        "measurements_script": script,
+        "script_hash": script_hash,
     }
 
 

@@ -26,11 +26,7 @@ def fmt(value: Any, kind: str = "g") -> str:
         "sci": lambda v: f"{v:.2e}",
         "pct": lambda v: f"{100 * v:.2f} %",
         "int": lambda v: f"{int(v):,}",
-        "s": lambda v: f"{v:.2f} s",
-        "ms": lambda v: f"{v:.3f}",
-        "x": lambda v: f"{v:.2f}x",
         "loss": lambda v: f"{v:.5f}",
-        "rate": lambda v: f"{v:,.0f}",
         "kib": lambda v: f"{v / 1024:,.1f} KiB",
         "g": lambda v: f"{v:.4g}",
     }
@@ -122,18 +118,16 @@ def runs(inputs: Inputs, model: str) -> Table:
                 cell(r["test_accuracy"], "pct"),
                 cell(r["test_loss"], "loss"),
                 cell(r["final_train_loss"], "loss"),
-                cell(r["train_seconds"], "s"),
-                cell(r["samples_per_second"], "rate"),
-                cell(r["native_export_seconds"], "s"),
-                cell(r["onnx_export_seconds"], "s"),
+                cell(r["epochs"], "int"),
+                cell(r["steps"], "int"),
                 text(r["native_formats"] or MISSING),
             ]
         )
         for r in analysis.run_rows(inputs, model)
     ]
-    labels = ("framework", "parameters", "test accuracy", "test loss", "final train loss", "train time", "samples/s")
-    columns = _columns(*labels, "native export", "ONNX export", "native formats", left=(0, 9))
-    return Table("Size, quality, training and export", columns, rows)
+    labels = ("framework", "parameters", "test accuracy", "test loss", "final train loss", "epochs", "steps")
+    columns = _columns(*labels, "native formats", left=(0, 7))
+    return Table("Size, quality and training", columns, rows)
 
 
 def epoch_losses(inputs: Inputs, model: str) -> Table:
@@ -214,27 +208,6 @@ def op_types(inputs: Inputs, model: str) -> Table:
     return Table("Op types (model.onnx)", _columns("op type", *inputs.frameworks), rows, empty="No ONNX files.")
 
 
-def latency(inputs: Inputs, model: str) -> Table:
-    rows = [
-        Row(
-            [
-                text(r["framework"]),
-                text(str(r["batch"])),
-                cell(r["native_median_ms"], "ms"),
-                cell(r["onnx_median_ms"], "ms"),
-                cell(r["native_over_onnx"], "x"),
-                text(str(r["repeats"])),
-                text(f"{r['framework_threads']} / {r['onnx_threads']}"),
-                cell(r.get("outputs_max_abs_diff"), "sci"),
-            ]
-        )
-        for r in analysis.latency_rows(inputs, model)
-    ]
-    labels = ("framework", "batch", "native median ms", "ONNX Runtime median ms", "native / ORT", "repeats")
-    columns = _columns(*labels, "threads (framework / ORT)", "outputs max |diff|")
-    return Table("Latency", columns, rows, empty="No latency records (run the bench stages).")
-
-
 def environments(rows: list[EnvironmentRow]) -> Table:
     def pins(packages: dict[str, str]) -> Cell:
         return Cell("" if packages else MISSING, lines=tuple(f"{n}=={v}" for n, v in packages.items()), mono=True)
@@ -252,7 +225,7 @@ def environments(rows: list[EnvironmentRow]) -> Table:
         )
         for e in rows
     ]
-    labels = ("environment", "Python", "key packages (as locked)", "as installed (bench records)", "lock")
+    labels = ("environment", "Python", "key packages (as locked)", "as installed (export.json records)", "lock")
     return Table("Environments", _columns(*labels, "lock sha256", left=tuple(range(6))), table_rows)
 
 

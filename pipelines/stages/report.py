@@ -1,58 +1,61 @@
-"""Stage `report`: the artifact comparison report, reports/report.html (one self-contained file that opens
-offline) and reports/report.md (the same tables), plus what DVC shows: reports/summary/<model>.json (headline
-metrics) and reports/plots/ (loss curves per model and framework, latency).
+"""Stage `report`: the artifact comparison report, one folder reports/comparison/ published at once: report.html
+(one file that opens offline), report.md (the same tables), summary/<model>.json (headline metrics, for
+`dvc metrics show`) and plots/ (loss curves, one CSV per model, for `dvc plots show`).
 
-Runs in the orchestrator environment and reads files only: no framework, no ONNX Runtime. A failed check
-does not fail this stage (the validate stage does that); the report says which failed and by how much. After
-a failed validate, `dvc repro --single-item report` (or `python -m pipelines.stages.report`) reports it.
+Runs in the orchestrator environment and reads files only: no framework, no ONNX Runtime, and never
+measurements/ (timings: not lineage, no dependency of this stage). Everything it writes is a pure function of its
+inputs, byte for byte; report.html shows the measurements of this run by loading ../../measurements/timings.js in
+the browser. A failed check does not fail this stage (the validate stage does that); the report says which
+failed and by how much. After a failed validate, `dvc repro --single-item report` (or
+`python -m pipelines.stages.report`) reports it.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import time
 from pathlib import Path
 
-from pipelines.environments import envs_dir
+from pipelines import paths
 from pipelines.report import dvc_files
 from pipelines.report.analysis import Verdict, verdict
 from pipelines.report.collect import collect
 from pipelines.report.render import context, render
 from pipelines.stages import stage_main
-from rosetta_common.io import atomic_path, write_text
+from rosetta_common.io import dumps, staged_outputs
 
 
-def _write_folder(folder: Path, files: dict[Path, str]) -> None:
-    with atomic_path(folder) as tmp:  # the whole folder at once: no stale file (a dropped model's) survives
-        tmp.mkdir()
-        for rel, text in files.items():
-            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
-            (tmp / rel).write_text(text)
-
-
-def build(root: Path, out: Path, environments: Path | None, variant: str = "cpu") -> Verdict:
-    """Write every output of the stage under `out` (reports/ of `root` in the pipeline); returns the verdict."""
+def files(root: Path, variant: str = "cpu") -> tuple[dict[Path, str], Verdict]:
+    """Every file of the report folder (path relative to it -> text) built from `root`'s inputs, and the verdict."""
     inputs = collect(root)
-    ctx = context(inputs, environments, variant)
-    write_text(out / "report.html", render(ctx, "html"))
-    write_text(out / "report.md", render(ctx, "md"))
-    summaries = {rel: json.dumps(data, indent=2) + "\n" for rel, data in dvc_files.summaries(inputs).items()}
-    _write_folder(out / dvc_files.SUMMARY.name, summaries)
-    _write_folder(out / dvc_files.PLOTS.name, dvc_files.plot_files(inputs))
-    return verdict(inputs)
+    ctx = context(inputs, variant)
+    out = {Path("report.html"): render(ctx, "html"), Path("report.md"): render(ctx, "md")}
+    summary, plots = paths.SUMMARY.relative_to(paths.REPORT), paths.PLOTS.relative_to(paths.REPORT)
+    out |= {summary / rel: dumps(data) for rel, data in dvc_files.summaries(inputs).items()}
+    out |= {plots / rel: text for rel, text in dvc_files.plot_files(inputs).items()}
+    return out, verdict(inputs)
+
+
+def build(root: Path, out: Path | None = None, variant: str = "cpu") -> Verdict:
+    """Build the report folder from `root`'s inputs and publish it at `out` (default: <root>/reports/comparison)
+    in one step: a failure leaves the previous folder, and no stale file (a dropped model's) survives."""
+    built, judged = files(root, variant)
+    with staged_outputs(out or root / paths.REPORT) as staged:
+        for rel, text in sorted(built.items()):
+            (staged / rel).parent.mkdir(parents=True, exist_ok=True)
+            with open(staged / rel, "w", encoding="utf-8", newline="\n") as f:
+                f.write(text)
+    return judged
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", type=Path, default=Path.cwd(), help="repository root holding the artifacts")
-    parser.add_argument("--out", type=Path, default=None, help="output folder (default: <root>/reports)")
+    parser.add_argument("--out", type=Path, default=None, help=f"output folder (default: <root>/{paths.REPORT})")
     args = parser.parse_args(argv)
-    start = time.perf_counter()
-    out = args.out or args.root / "reports"
-    judged = build(args.root, out, envs_dir(), os.environ.get("ROSETTA_VARIANT", "cpu"))
-    print(f"report: {out / 'report.html'} and report.md in {time.perf_counter() - start:.1f}s ({judged.headline})")
+    out = args.out or args.root / paths.REPORT
+    judged = build(args.root, out, os.environ.get("ROSETTA_VARIANT", "cpu"))
+    print(f"report: {out}/ (report.html, report.md, summary/, plots/): {judged.headline}")
     return 0
 
 

@@ -14,6 +14,7 @@ Writes reports/validation.json and exits non-zero naming each failing check.
 from __future__ import annotations
 
 import itertools
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,11 +26,14 @@ import onnxruntime as ort
 from pipelines import paths
 from pipelines.stages import StageError, stage_main
 from rosetta_common.data import load_prepared
-from rosetta_common.io import read_json, write_json
-from rosetta_common.metrics import accuracy, max_abs_diff, relative_diff
+from rosetta_common.errors import RosettaError
+from rosetta_common.io import read_json, sha256, write_json
+from rosetta_common.metrics import accuracy, max_abs_diff, relative_diff, softmax_cross_entropy
+from rosetta_common.onnx_conventions import violations
 from rosetta_common.reference import forward
 from rosetta_common.seeding import derive_seed
 from rosetta_common.spec import ModelConfig, Spec, TolerancesSpec, load_spec
+from rosetta_common.training import plan
 from rosetta_common.weights import load_weights
 
 
@@ -81,6 +85,9 @@ def open_session(path: Path) -> ort.InferenceSession:
         onnx.checker.check_model(str(path), full_check=True)
         options = ort.SessionOptions()
         options.log_severity_level = 3
+        # The runner pins every runtime's threads (pipelines/environments.py): results must not depend on cores.
+        options.intra_op_num_threads = int(os.environ.get("ROSETTA_THREADS", "2"))
+        options.inter_op_num_threads = 1
         return ort.InferenceSession(str(path), options, providers=providers())
     except Exception as error:  # onnx and onnxruntime raise several unrelated types
         raise StageError(
@@ -98,11 +105,47 @@ def run_onnx(session: ort.InferenceSession, images: np.ndarray) -> np.ndarray:
     return session.run(None, {name: images.astype(np.float32)})[0]
 
 
-def check_framework(spec: Spec, checks: Checks, arch: str, fw: str, data: Any, batch: np.ndarray) -> dict[str, Any]:
-    """Checks of one exported framework model; returns the ONNX sessions and outputs for pairwise checks."""
+REQUIRED = ("trained.safetensors", "train_log.json", "native_outputs.npz", "model.onnx", "init.onnx", "export.json")
+
+
+def intact(checks: Checks, arch: str, fw: str) -> dict[str, Any] | None:
+    """The run's export.json if every file it records is there with the sha256 it records, else None (and a
+    failed check naming the file): every figure judged below is tied to these exact bytes."""
+    run = paths.run_dir(arch, fw)
+    problems = [f"{run / name}: missing" for name in REQUIRED if not (run / name).is_file()]
+    record: dict[str, Any] = {}
+    if not problems:
+        try:
+            record = read_json(run / "export.json")
+            recorded = record["sha256"]
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            problems.append(f"{run / 'export.json'}: unreadable ({type(error).__name__}: {error})")
+            recorded = {}
+        native = {str(p.relative_to(run)) for p in (run / "native").rglob("*") if p.is_file()}
+        native = {rel for rel in native if not paths.unhashed(Path(rel))}
+        for rel in sorted(native - set(recorded)):
+            problems.append(f"{run / rel}: not among the files export.json recorded")
+        for rel, digest in sorted(recorded.items()):
+            path = run / rel
+            if not path.is_file():
+                problems.append(f"{path}: missing (export.json recorded it)")
+            elif sha256(path) != digest:
+                problems.append(f"{path}: altered since export (sha256 differs from export.json's)")
+        for name in ("trained.safetensors", "native_outputs.npz", "model.onnx", "init.onnx"):
+            if name not in recorded:
+                problems.append(f"{run / 'export.json'}: records no sha256 for {name}")
+    checks.add(arch, fw, "artifacts_intact", float(len(problems)), 0.0, not problems, "; ".join(problems[:3]))
+    return None if problems else record
+
+
+def check_framework(spec: Spec, checks: Checks, arch: str, fw: str, data: Any, batch: np.ndarray,
+                    record: dict[str, Any]) -> dict[str, Any]:
+    """Checks of one exported framework model; returns its ONNX sessions and the figures the pairwise checks use,
+    all computed here from the artifacts."""
     tol = spec.tolerances
-    native = np.load(paths.native_outputs(arch, fw), allow_pickle=False)
-    sessions = {}
+    with np.load(paths.native_outputs(arch, fw), allow_pickle=False) as f:
+        native = {key: f[key] for key in f.files}
+    sessions: dict[str, Any] = {}
     # (ONNX file, check name, native logits it must reproduce on the validation batch)
     exported = (
         ("model", paths.onnx_model(arch, fw), "onnx_vs_native", "validation_logits"),
@@ -114,7 +157,8 @@ def check_framework(spec: Spec, checks: Checks, arch: str, fw: str, data: Any, b
         except StageError as error:
             checks.add(arch, fw, f"onnx_checker_{kind}", None, 0.0, False, str(error))
             continue
-        checks.add(arch, fw, f"onnx_checker_{kind}", 0.0, 0.0, True)
+        problems = violations(onnx.load(str(path), load_external_data=False), fw)
+        checks.add(arch, fw, f"onnx_checker_{kind}", float(len(problems)), 0.0, not problems, "; ".join(problems))
         expected = native[key]
         checks.add(
             arch,
@@ -124,42 +168,53 @@ def check_framework(spec: Spec, checks: Checks, arch: str, fw: str, data: Any, b
             onnx_tolerance(tol, expected),
             detail=f"max |logit| {np.abs(expected).max():.3g}",
         )
+    test_logits = native["test_logits"]
+    figures = {"test_accuracy": accuracy(test_logits, data.test_labels),
+               "test_loss": softmax_cross_entropy(test_logits, data.test_labels)}
     if "model" in sessions:
         onnx_acc = accuracy(run_onnx(sessions["model"], data.test_images), data.test_labels)
-        native_acc = accuracy(native["test_logits"], data.test_labels)
         checks.add(
             arch,
             fw,
             "onnx_test_accuracy_equals_native",
-            abs(onnx_acc - native_acc),
+            abs(onnx_acc - figures["test_accuracy"]),
             0.0,
-            onnx_acc == native_acc,
-            f"onnx {onnx_acc:.4f}, native {native_acc:.4f}",
+            onnx_acc == figures["test_accuracy"],
+            f"onnx {onnx_acc:.4f}, native {figures['test_accuracy']:.4f}",
         )
-    for fmt, err in read_json(paths.export_record(arch, fw))["native_roundtrip_max_abs"].items():
+    for fmt, err in record["native_roundtrip_max_abs"].items():
         checks.add(arch, fw, f"native_roundtrip_{fmt}", err, tol.native_roundtrip_abs)
-    metrics = read_json(paths.metrics(arch, fw))
     minimum = spec.quality.min_test_accuracy[arch]  # the spec requires a floor for every model
     checks.add(
         arch,
         fw,
         "min_test_accuracy",
-        metrics["test_accuracy"],
+        figures["test_accuracy"],
         minimum,
-        metrics["test_accuracy"] >= minimum,
-        f"test accuracy {metrics['test_accuracy']:.4f}, required >= {minimum}",
+        figures["test_accuracy"] >= minimum,
+        f"test accuracy {figures['test_accuracy']:.4f}, required >= {minimum}",
     )
-    return sessions
+    return {"sessions": sessions, **figures}
+
+
+def read_train_log(arch: str, fw: str, expected_steps: int) -> np.ndarray:
+    """The step losses, checked: a list of `expected_steps` finite numbers (what the plan makes the stage take)."""
+    path = paths.train_log(arch, fw)
+    log = read_json(path)
+    losses = np.asarray(log.get("step_losses", []), dtype=np.float64) if isinstance(log, dict) else np.zeros(0)
+    if losses.shape != (expected_steps,) or not np.isfinite(losses).all():
+        raise StageError(f"{path}: step_losses has {losses.size} values (finite: {bool(np.isfinite(losses).all())}), "
+                         f"expected {expected_steps} finite losses")
+    return losses
 
 
 def forward_parity(
-    spec: Spec, checks: Checks, arch: str, sessions: dict[str, dict], batch: np.ndarray, num_classes: int
+    spec: Spec, checks: Checks, arch: str, sessions: dict[str, dict], batch: np.ndarray, config: ModelConfig
 ) -> None:
     tol = spec.tolerances.forward_parity_abs
-    config = ModelConfig.of(spec, arch, batch.shape[1:], num_classes)
     init = load_weights(paths.init_weights(arch), config)
     reference = forward(config, init, batch)
-    inits = {fw: s["init"] for fw, s in sessions.items() if "init" in s}
+    inits = {fw: s["sessions"]["init"] for fw, s in sessions.items() if "init" in s["sessions"]}
     for fw, session in inits.items():
         checks.add(arch, fw, "init_onnx_vs_reference", max_abs_diff(run_onnx(session, batch), reference), tol)
     rng = np.random.default_rng(derive_seed(spec.seed, "parity", arch))
@@ -176,18 +231,21 @@ def forward_parity(
         )
 
 
-def training_parity(spec: Spec, checks: Checks, arch: str, frameworks: list[str], data: Any) -> list[dict[str, Any]]:
+def training_parity(spec: Spec, checks: Checks, arch: str, runs: dict[str, dict[str, Any]], data: Any,
+                    config: ModelConfig) -> list[dict[str, Any]]:
     tol = spec.tolerances
-    logs = {fw: read_json(paths.train_log(arch, fw)) for fw in frameworks}
-    metrics = {fw: read_json(paths.metrics(arch, fw)) for fw in frameworks}
-    weights = {fw: load_weights(paths.trained_weights(arch, fw)) for fw in frameworks}
+    train_plan = plan(spec, arch, len(data.train_labels))
+    logs, weights = {}, {}
+    for fw in runs:
+        try:
+            logs[fw] = read_train_log(arch, fw, train_plan.num_steps)
+            weights[fw] = load_weights(paths.trained_weights(arch, fw), config)
+        except RosettaError as error:
+            checks.add(arch, fw, "training_record_readable", None, None, False, str(error))
     figures = []
-    for a, b in itertools.combinations(frameworks, 2):
-        la, lb = np.array(logs[a]["step_losses"]), np.array(logs[b]["step_losses"])
-        if la.shape != lb.shape:
-            checks.add(arch, f"{a}|{b}", "same_number_of_steps", None, 0.0, False, f"{la.size} vs {lb.size} steps")
-            continue
-        per_epoch = logs[a]["steps_per_epoch"]
+    for a, b in itertools.combinations(logs, 2):
+        la, lb = logs[a], logs[b]
+        per_epoch = train_plan.steps_per_epoch
         rel = relative_diff(la, lb)
         fig = {
             "model": arch,
@@ -197,8 +255,8 @@ def training_parity(spec: Spec, checks: Checks, arch: str, frameworks: list[str]
             "first_epoch_loss_max_rel": float(rel[:per_epoch].max()),
             "all_steps_loss_max_rel": float(rel.max()),
             "all_steps_loss_max_abs": max_abs_diff(la, lb),
-            "test_loss_rel": float(relative_diff(metrics[a]["test_loss"], metrics[b]["test_loss"])),
-            "test_accuracy_diff_points": 100 * abs(metrics[a]["test_accuracy"] - metrics[b]["test_accuracy"]),
+            "test_loss_rel": float(relative_diff(runs[a]["test_loss"], runs[b]["test_loss"])),
+            "test_accuracy_diff_points": 100 * abs(runs[a]["test_accuracy"] - runs[b]["test_accuracy"]),
             "final_weights_max_abs": max(max_abs_diff(weights[a][k], weights[b][k]) for k in weights[a]),
         }
         figures.append(fig)
@@ -216,23 +274,31 @@ def main(argv: list[str]) -> int:
     batch = data.validation_batch(spec.export.validation_batch_size)
     checks = Checks()
     parity: list[dict[str, Any]] = []
+    measured: list[dict[str, Any]] = []  # test figures this stage computed from each run's artifacts
     for arch in spec.models:
-        sessions = {}
+        config = ModelConfig.of(spec, arch, data.image_shape, data.num_classes)
+        runs = {}
         for fw in spec.frameworks:
+            record = intact(checks, arch, fw)
+            if record is None:
+                continue  # nothing of this run is judged: its files are not the ones measured
             try:
-                sessions[fw] = check_framework(spec, checks, arch, fw, data, batch)
-            except (OSError, KeyError, ValueError) as error:
+                runs[fw] = check_framework(spec, checks, arch, fw, data, batch, record)
+            except (OSError, KeyError, ValueError, TypeError) as error:
                 checks.add(arch, fw, "artifacts_readable", None, None, False, f"{type(error).__name__}: {error}")
-        forward_parity(spec, checks, arch, sessions, batch, data.num_classes)
-        parity += training_parity(spec, checks, arch, list(spec.frameworks), data)
+        measured += [{"model": arch, "framework": fw, "test_accuracy": run["test_accuracy"],
+                      "test_loss": run["test_loss"]} for fw, run in runs.items()]
+        forward_parity(spec, checks, arch, runs, batch, config)
+        parity += training_parity(spec, checks, arch, runs, data, config)
     failures = checks.failures()
     report = {
         "passed": not failures,
         "checks": checks.rows,
         "training_parity": parity,
+        "runs": measured,
         "summary": {"checks": len(checks.rows), "failed": len(failures)},
     }
-    write_json(paths.REPORTS / "validation.json", report)
+    write_json(paths.VALIDATION, report)
     for row in failures:
         print(
             f"FAILED {row['model']}/{row['framework']} {row['check']}: value {row['max_abs_err']} "

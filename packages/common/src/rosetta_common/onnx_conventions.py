@@ -72,3 +72,78 @@ def violations(model: Any, framework: str) -> list[str]:
     if framework in OPSETS and opset != OPSETS[framework]:
         problems.append(f"opset {opset}, the policy for {framework} is {OPSETS[framework]}")
     return problems
+
+
+def canonical_names(model: Any) -> Any:
+    """Put the graph in a canonical form: nodes in a deterministic topological order, and every internal tensor and
+    node renamed by its position, so that a converter's process-global state cannot change the file's bytes.
+    tf2onnx numbers the names it makes with one counter for the whole process, and listed the same nodes and
+    initializers in different orders in two runs of the same conversion. Graph inputs and outputs keep their
+    names. A graph with subgraphs (Loop, Scan, If) is left as it is: its inner names refer to outer ones.
+    Returns the same (modified) ModelProto."""
+    import hashlib
+
+    graph = model.graph
+    if any(attr.g.node or attr.graphs for node in graph.node for attr in node.attribute):
+        return model
+    keep = {i.name for i in graph.input} | {o.name for o in graph.output}
+    constants = {}
+    for tensor in graph.initializer:
+        anonymous = type(tensor)()
+        anonymous.CopyFrom(tensor)
+        anonymous.name = ""
+        constants[tensor.name] = hashlib.sha256(anonymous.SerializeToString()).hexdigest()
+    renamed: dict[str, str] = {}
+
+    def new(name: str) -> str:
+        if name in keep or name == "":
+            return name
+        if name not in renamed:
+            renamed[name] = f"t{len(renamed)}"
+        return renamed[name]
+
+    def identity(name: str) -> tuple[str, str]:
+        """What an input is, independent of the converter's names: a placed node's output by its new name, a graph
+        input by its name, an initializer by its content."""
+        if name in renamed:
+            return ("tensor", renamed[name])
+        if name in constants:
+            return ("constant", constants[name])
+        return ("input", name)
+
+    def key(node: Any) -> tuple[Any, ...]:
+        attributes = b"".join(a.SerializeToString() for a in node.attribute)
+        return (node.op_type, node.domain, attributes, tuple(identity(n) for n in node.input))
+
+    # Kahn's algorithm, always taking the ready node with the smallest key: the same graph gives the same order.
+    available = set(keep) | set(constants) | {""}
+    pending, order = list(graph.node), []
+    while pending:
+        ready = [n for n in pending if all(i in available for i in n.input)]
+        if not ready:
+            return model  # not a plain DAG of known names: leave it untouched rather than guess
+        node = min(ready, key=key)
+        pending.remove(node)
+        available.update(node.output)  # later nodes still name their inputs the converter's way
+        node.input[:] = [new(n) for n in node.input]  # constants get their names at first use
+        node.output[:] = [new(n) for n in node.output]
+        node.name = f"{node.op_type}_{len(order)}"
+        copy = type(node)()
+        copy.CopyFrom(node)
+        order.append(copy)
+    del graph.node[:]
+    graph.node.extend(order)
+    for tensor in sorted((t for t in graph.initializer if t.name not in renamed), key=lambda t: constants[t.name]):
+        new(tensor.name)  # initializers no node reads: named last, in the order of their contents
+    for tensor in graph.initializer:
+        tensor.name = renamed.get(tensor.name, tensor.name)
+    position = {name: i for i, name in enumerate(renamed.values())}
+    tensors = sorted(graph.initializer, key=lambda t: position.get(t.name, len(position)))
+    copies = [type(t)() for t in tensors]
+    for copy, tensor in zip(copies, tensors, strict=True):
+        copy.CopyFrom(tensor)
+    del graph.initializer[:]
+    graph.initializer.extend(copies)
+    for info in graph.value_info:
+        info.name = renamed.get(info.name, info.name)
+    return model

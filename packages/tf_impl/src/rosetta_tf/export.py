@@ -17,7 +17,7 @@ from tensorflow.core.protobuf import fingerprint_pb2
 from rosetta_common.errors import ArtifactError, ExportError, one_line
 from rosetta_common.interface import Predict
 from rosetta_common.io import atomic_path, write_json
-from rosetta_common.onnx_conventions import OPSETS, OUTPUT_NAME, conform
+from rosetta_common.onnx_conventions import OPSETS, OUTPUT_NAME, canonical_names, conform
 from rosetta_common.spec import ModelConfig
 from rosetta_tf.models import attach_config, image_spec, model_config, predict
 
@@ -186,10 +186,12 @@ def export_onnx(model: keras.Model, path: Path, example: np.ndarray) -> None:
         return {OUTPUT_NAME: model(images, training=False)}
 
     arch = model_config(model).arch
+    tf2onnx.utils.INTERNAL_NAME = 1  # its process-global name counter: every conversion starts from the same one
     try:
         proto, _ = tf2onnx.convert.from_function(serve, input_signature=signature, opset=OPSETS["tf"])
     except Exception as error:  # tf2onnx raises whatever its handlers raise
         raise ExportError(f"tf2onnx could not convert the {arch} model: {one_line(str(error))}") from error
+    canonical_names(proto)  # byte-stable files: no converter counter survives in a name
     conform(proto, "tf")
     try:
         onnx.checker.check_model(proto)

@@ -27,6 +27,7 @@ from rosetta_torch.models import make_module, predict
 STATE_FILE = "model.safetensors"
 PROGRAM_FILE = "model.pt2"
 FORMAT = "rosetta-torch-state-dict"
+METADATA_KEY = "rosetta"
 
 
 def _cpu_copy(model: nn.Module) -> nn.Module:
@@ -53,7 +54,10 @@ def export_native(model: nn.Module, out_dir: Path, example: np.ndarray) -> list[
     (torch.export); each written atomically."""
     out_dir = Path(out_dir)
     twin = _cpu_copy(model)
-    metadata = {"format": FORMAT, "config": twin.config.model_dump_json(), "torch_version": torch.__version__}
+    # One metadata key holding sorted JSON: safetensors keeps metadata in a hash map, so several keys come out in a
+    # different order from one process to the next and the file's bytes would not repeat.
+    metadata = {METADATA_KEY: json.dumps({"format": FORMAT, "config": twin.config.model_dump(mode="json"),
+                                          "torch_version": torch.__version__}, sort_keys=True)}
     try:
         program = torch.export.export(twin, _example(example), dynamic_shapes=_dynamic_batch())
     except Exception as error:  # torch.export raises many types; the user needs the first line of one
@@ -76,14 +80,14 @@ def load_state_file(path: Path) -> nn.Module:
     _require(path)
     try:
         with safe_open(str(path), framework="pt") as f:
-            metadata = f.metadata() or {}
+            metadata = json.loads((f.metadata() or {}).get(METADATA_KEY, "{}"))
         tensors = load_file(str(path))
     except Exception as error:  # safetensors raises its own SafetensorError for a damaged header
         raise ArtifactError(f"{path}: not a readable safetensors file ({one_line(str(error))})") from None
     if metadata.get("format") != FORMAT:
         raise ArtifactError(f"{path}: format {metadata.get('format')!r} is not {FORMAT!r}")
     try:
-        config = ModelConfig.model_validate_json(metadata.get("config", ""))
+        config = ModelConfig.model_validate(metadata.get("config"))
     except ValueError as error:  # pydantic's ValidationError
         raise ArtifactError(f"{path}: metadata 'config' is not a valid ModelConfig ({one_line(str(error))})") from None
     model = make_module(config)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -63,3 +66,16 @@ def test_onnx_meets_the_conventions_at_every_batch_size(backend: ModuleType, arc
         bound = TOLERANCES.onnx_vs_native_abs + TOLERANCES.onnx_vs_native_rel * float(np.abs(native).max())
         assert onnx_logits.shape == (batch, config.num_classes)
         assert max_abs_diff(onnx_logits, native) <= bound, batch
+
+
+def test_exports_repeat_byte_for_byte_across_processes(backend: ModuleType, tmp_path: Path) -> None:
+    """Two fresh processes export the same weights: every native and ONNX file must have the same bytes (no
+    save dates, no random metadata order, no process-global name counters), else DVC's hashes never repeat."""
+    runs = []
+    for i in range(2):
+        worker = [sys.executable, "-m", "rosetta_common.conformance.export_worker", backend.FRAMEWORK]
+        done = subprocess.run([*worker, str(tmp_path / str(i))], check=True, capture_output=True, text=True)
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    first, second = runs
+    assert first.keys() == second.keys() and first
+    assert [name for name in first if first[name] != second[name]] == []

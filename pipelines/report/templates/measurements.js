@@ -1,0 +1,78 @@
+// Measurements of this run (timings: not lineage), drawn from window.ROSETTA_MEASUREMENTS, which
+// ../../measurements/timings.js defines when it is there. Built with DOM calls, never innerHTML.
+(function () {
+  "use strict";
+  var box = document.getElementById("measurements-body");
+  if (!box) { return; }
+  var runs = JSON.parse(box.getAttribute("data-runs"));  // [[model, framework], ...] in the report's order
+  var all = window.ROSETTA_MEASUREMENTS;
+  box.textContent = "";
+  function add(parent, tag, text, cls) {
+    var el = document.createElement(tag);
+    if (text !== undefined && text !== null) { el.textContent = text; }
+    if (cls) { el.className = cls; }
+    parent.appendChild(el);
+    return el;
+  }
+  function num(v) { return typeof v === "number" && isFinite(v); }
+  function fixed(v, digits, suffix) { return num(v) ? v.toFixed(digits) + (suffix || "") : "\u2014"; }
+  function grouped(v) {
+    return num(v) ? Math.round(v).toString().replace(/\B(?=(\d{3})+(?!\d))/g, ",") : "\u2014";
+  }
+  if (!all || typeof all !== "object") {
+    add(box, "p", "No measurements here: measurements/timings.js is absent. Timings are not part of the " +
+      "lineage, so `dvc pull` does not bring them; running the train_export stages on this machine writes them " +
+      "(measurements/, also shown by `dvc metrics show` and `dvc plots show`).", "absent");
+    return;
+  }
+  var batches = [];
+  runs.forEach(function (run) {
+    var rec = all[run[0] + "/" + run[1]];
+    ((rec && rec.latency && rec.latency.results) || []).forEach(function (r) {
+      if (batches.indexOf(r.batch) < 0) { batches.push(r.batch); }
+    });
+  });
+  batches.sort(function (a, b) { return a - b; });
+  var table = add(box, "table");
+  table.id = "measurements-table";
+  var head = add(table, "tr");
+  ["model", "framework", "train time", "steady samples/s"].forEach(function (label, i) {
+    add(head, "th", label, i < 2 ? "l" : "");
+  });
+  batches.forEach(function (b) {
+    add(head, "th", "batch " + b + ": native ms");
+    add(head, "th", "batch " + b + ": ONNX Runtime ms");
+    add(head, "th", "batch " + b + ": native / ORT");
+  });
+  var shown = 0;
+  runs.forEach(function (run) {
+    var rec = all[run[0] + "/" + run[1]];
+    var tr = add(table, "tr");
+    add(tr, "td", run[0], "l");
+    add(tr, "td", run[1], "l");
+    if (!rec) {
+      var td = add(tr, "td", "not measured on this machine", "l note");
+      td.colSpan = 2 + 3 * batches.length;
+      return;
+    }
+    shown += 1;
+    var train = rec.train || {};
+    add(tr, "td", fixed(train.train_seconds, 2, " s"));
+    add(tr, "td", grouped(train.steady_samples_per_second));
+    var results = (rec.latency && rec.latency.results) || [];
+    batches.forEach(function (b) {
+      var r = results.filter(function (x) { return x.batch === b; })[0] || {};
+      add(tr, "td", fixed(r.native_median_ms, 3));
+      add(tr, "td", fixed(r.onnx_median_ms, 3));
+      add(tr, "td", fixed(r.native_over_onnx, 2, "x"));
+    });
+  });
+  var first = null;
+  runs.forEach(function (run) { first = first || all[run[0] + "/" + run[1]]; });
+  var env = (first && first.latency && first.latency.environment) || {};
+  add(box, "p", shown + " of " + runs.length + " runs measured" +
+    (env.machine ? " on " + env.machine + (num(env.available_cores) ? ", " + env.available_cores + " cores" : "") : "") +
+    (env.python ? ", Python " + env.python : "") + ". Latency: medians after warm-up, interleaved repeats; above 1, " +
+    "ONNX Runtime is faster. These figures are the last train_export run's on this machine: they may predate " +
+    "the artifacts above (after `dvc pull`, or a run elsewhere).", "note");
+})();
