@@ -15,6 +15,7 @@ from support import TinyRun, run_tiny_pipeline  # noqa: E402  (needs the path ab
 @pytest.fixture(scope="session")
 def tiny_pipeline(tmp_path_factory: pytest.TempPathFactory) -> TinyRun:
     """The whole pipeline with TINY params, run once per session (minutes) and shared by every test that needs a
-    finished run. Tests that change it must leave it a valid finished run (as rerunning `dvc repro` does); tests
-    that damage artifacts work on their own copy (see test_validate_failures.py)."""
+    finished run. Tests that change it must leave it a valid finished run with a clean `dvc status` (rerunning
+    `dvc repro`, or `dvc checkout` after damaging outputs, as test_pipeline_e2e.py does); tests that damage many
+    artifacts work on their own copy (see test_validate_failures.py)."""
     return run_tiny_pipeline(tmp_path_factory.mktemp("rosetta") / "repo")

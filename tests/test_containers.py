@@ -339,7 +339,7 @@ def pipeline(engine, built_images):
 def test_container_pipeline_passes_validation(pipeline):
     root, _, output = pipeline
     ran = set(re.findall(r"Running stage '([^']+)'", output))
-    assert {"data", "validate"} <= ran and {f"export@{f}-mlp" for f in ("torch", "tf", "jax")} <= ran
+    assert {"data", "validate"} <= ran and {f"train_export@{f}-mlp" for f in ("torch", "tf", "jax")} <= ran
     report = json.loads((root / "reports/validation.json").read_text())
     assert report["passed"] is True
 
@@ -388,7 +388,7 @@ def test_container_figures_equal_local_ones_within_parity_tolerances(pipeline):
 
     root, env, _ = pipeline
     tol = load_spec(root / "params.yaml").tolerances
-    stages = [f"train@{f}-{m}" for f in ("torch", "tf", "jax") for m in ("mlp", "cnn", "attention")]
+    stages = [f"train_export@{f}-{m}" for f in ("torch", "tf", "jax") for m in ("mlp", "cnn", "attention")]
     before = {s: _figures(root, s) for s in stages}
     local = {**env, "ROSETTA_RUNTIME": "local", "ROSETTA_ENVS_DIR": str(envs_dir())}
     subprocess.run(
@@ -407,6 +407,6 @@ def test_container_figures_equal_local_ones_within_parity_tolerances(pipeline):
 
 
 def _figures(root: Path, stage: str) -> tuple[list[float], dict]:
-    fw, model = stage.removeprefix("train@").split("-")
+    fw, model = stage.removeprefix("train_export@").split("-")
     log = json.loads((root / f"artifacts/{model}/{fw}/train_log.json").read_text())
     return log["step_losses"], json.loads((root / f"metrics/{model}/{fw}.json").read_text())

@@ -1,36 +1,53 @@
 """The whole pipeline, for real (DVC, the three frameworks, ONNX Runtime), with tiny params in a temporary
 copy of the repository. Environments are shared with the checkout (ROSETTA_ENVS_DIR), not rebuilt. The run is
-conftest.py's session-wide `tiny_pipeline`, shared with test_validate_failures.py."""
+conftest.py's session-wide `tiny_pipeline`, shared with test_validate_failures.py: every test here leaves it a
+valid finished run (damage is undone with `dvc checkout`)."""
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 
-from support import TINY, ran_stages, sh
+from support import TINY, VALIDATE, TinyRun, ran_stages, sh
 
 MODELS = ["mlp", "cnn", "attention"]
 FRAMEWORKS = ["torch", "tf", "jax"]
+PAIRS = ["torch|tf", "torch|jax", "tf|jax"]
+# What one train_export stage publishes, and nothing else: one folder per framework and model.
+RUN_FILES = {
+    "trained.safetensors",
+    "train_log.json",
+    "metrics.json",
+    "native",
+    "model.onnx",
+    "init.onnx",
+    "native_outputs.npz",
+    "export.json",
+}
+METRICS_KEYS = {"test_accuracy", "test_loss", "final_train_loss", "parameters", "epochs", "optimizer"}
 
 
-def test_first_repro_runs_every_stage(tiny_pipeline):
-    _, _, output = tiny_pipeline
-    expected = {"data", "validate"} | {f"init@{m}" for m in MODELS}
-    expected |= {f"{s}@{f}-{m}" for s in ("train", "export", "bench") for f in FRAMEWORKS for m in MODELS}
-    expected |= {"report"}
-    assert ran_stages(output) == expected
+def test_first_repro_runs_every_stage(tiny_pipeline: TinyRun) -> None:
+    expected = {"data", "validate", "report"} | {f"init@{m}" for m in MODELS}
+    expected |= {f"train_export@{f}-{m}" for f in FRAMEWORKS for m in MODELS}
+    assert ran_stages(tiny_pipeline.output) == expected
 
 
-def test_validation_report_passes_with_every_check(tiny_pipeline):
-    root, _, _ = tiny_pipeline
-    report = json.loads((root / "reports/validation.json").read_text())
-    assert report["passed"] is True
+def test_validation_report_passes_with_every_check(tiny_pipeline: TinyRun) -> None:
+    report = json.loads((tiny_pipeline.root / "reports/validation.json").read_text())
+    assert report["passed"] is True, [r for r in report["checks"] if not r["passed"]]
     checks = {(r["model"], r["framework"], r["check"]) for r in report["checks"]}
     for m in MODELS:
         for f in FRAMEWORKS:
             for check in (
+                "artifacts_intact",
                 "onnx_checker_model",
+                "onnx_checker_init",
                 "onnx_vs_native",
                 "onnx_test_accuracy_equals_native",
                 "init_onnx_vs_native",
@@ -38,7 +55,8 @@ def test_validation_report_passes_with_every_check(tiny_pipeline):
                 "min_test_accuracy",
             ):
                 assert (m, f, check) in checks
-        for pair in ("torch|tf", "torch|jax", "tf|jax"):
+            assert any(c.startswith("native_roundtrip_") for (mm, ff, c) in checks if (mm, ff) == (m, f)), (m, f)
+        for pair in PAIRS:
             for check in (
                 "forward_parity_init_onnx",
                 "train_step1_loss_rel",
@@ -53,28 +71,49 @@ def test_validation_report_passes_with_every_check(tiny_pipeline):
             assert row["max_abs_err"] >= row["tolerance"], row
         elif row["tolerance"] is not None:
             assert row["max_abs_err"] <= row["tolerance"], row
-    assert len(report["training_parity"]) == 3 * len(MODELS)
+    assert len(report["training_parity"]) == len(PAIRS) * len(MODELS)
 
 
-def test_artifacts_and_metrics_are_laid_out(tiny_pipeline):
-    root, _, _ = tiny_pipeline
+def test_artifacts_and_measurements_are_laid_out(tiny_pipeline: TinyRun) -> None:
+    root = tiny_pipeline.root
     for m in MODELS:
-        assert (root / f"artifacts/{m}/init.safetensors").is_file()
+        assert sorted(p.name for p in (root / f"artifacts/{m}").iterdir()) == sorted(["init.safetensors", *FRAMEWORKS])
         for f in FRAMEWORKS:
             run = root / f"artifacts/{m}/{f}"
-            for name in ("model.onnx", "init.onnx", "trained.safetensors", "native_outputs.npz", "export.json"):
-                assert (run / name).is_file(), run / name
+            assert {p.name for p in run.iterdir()} == RUN_FILES, run
             assert any((run / "native").iterdir())
-            metrics = json.loads((root / f"metrics/{m}/{f}.json").read_text())
-            for key in ("test_accuracy", "final_train_loss", "train_seconds", "epoch_losses"):
-                assert key in metrics
-            assert len(metrics["epoch_losses"]) == TINY["train"]["epochs"]
+            # every file of the run but export.json itself is recorded there with its sha256
+            record = json.loads((run / "export.json").read_text())
+            files = {str(p.relative_to(run)) for p in run.rglob("*") if p.is_file()} - {"export.json"}
+            assert set(record["sha256"]) == files, run
+            metrics = json.loads((run / "metrics.json").read_text())
+            assert set(metrics) == METRICS_KEYS, run  # figures only: timings are not lineage
+            assert metrics["epochs"] == TINY["train"]["epochs"] and metrics["optimizer"] == TINY["train"]["optimizer"]
+            log = json.loads((run / "train_log.json").read_text())
+            assert len(log["epoch_losses"]) == TINY["train"]["epochs"]
+            assert metrics["final_train_loss"] == log["epoch_losses"][-1]
             with np.load(run / "native_outputs.npz", allow_pickle=False) as outputs:
-                assert outputs["validation_logits"].shape == (16, 10)
+                batch = TINY["export"]["validation_batch_size"]
+                assert outputs["validation_logits"].shape == (batch, 10)
+                assert outputs["init_validation_logits"].shape == (batch, 10)
+                # the validation batch is the first test images (to float32 rounding: kernels vary with batch size)
+                test_logits = outputs["test_logits"]
+                np.testing.assert_allclose(test_logits[:batch], outputs["validation_logits"], rtol=0, atol=1e-4)
+            timings = json.loads((root / f"measurements/{m}/{f}.json").read_text())
+            assert timings["train"]["train_seconds"] > 0
+            assert timings["train"]["steady_samples_per_second"] > 0
+            assert {"native_export_seconds", "onnx_export_seconds"} <= set(timings["export"])
+            assert timings["latency"]["results"], (m, f)
+    for gone in ("metrics", "reports/latency", "reports/report.html", "reports/summary", "reports/plots"):
+        assert not (root / gone).exists(), gone
+    report = root / "reports/comparison"
+    assert {"report.html", "report.md", "summary", "plots"} <= {p.name for p in report.iterdir()}
+    assert {p.name for p in (report / "summary").iterdir()} == {f"{m}.json" for m in MODELS}
+    assert (root / "measurements/timings.js").is_file() and (root / "measurements/latency.csv").is_file()
     assert not list(root.rglob("*.pkl")) and not list(root.rglob("*.pickle"))
 
 
-def test_second_repro_reruns_nothing(tiny_pipeline):
+def test_second_repro_reruns_nothing(tiny_pipeline: TinyRun) -> None:
     root, env, _ = tiny_pipeline
     result = sh(["dvc", "repro"], root, env)
     assert ran_stages(result.stdout) == set()
@@ -82,32 +121,81 @@ def test_second_repro_reruns_nothing(tiny_pipeline):
     assert json.loads(status.stdout) == {}
 
 
-def test_corrupt_or_missing_onnx_fails_validation_naming_the_file(tiny_pipeline):
+def replace_bytes(path: Path, data: bytes) -> None:
+    """Write by rename, never through the old file: a workspace file DVC linked to its cache stays intact."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def validate_fails_naming(tiny_pipeline: TinyRun, damage: Callable[[], None], failing: str, message: str) -> None:
+    """Damage the run, rerun the validate stage alone: it must exit non-zero with `FAILED <failing>` naming the
+    damage in `message`; then `dvc checkout` puts every output back and `dvc status` is clean again."""
     root, env, _ = tiny_pipeline
-    target = root / "artifacts/mlp/tf/model.onnx"
-    saved = target.read_bytes()
-    validate = ["python", "-m", "pipelines.runner", "validation", "--", "python", "-m", "pipelines.stages.validate"]
     try:
-        for damage, message in (
-            (lambda: target.write_bytes(b"this is not an onnx model"), "artifacts/mlp/tf/model.onnx: not a valid ONNX"),
-            (target.unlink, "artifacts/mlp/tf/model.onnx: ONNX file is missing"),
-        ):
-            damage()
-            result = sh(validate, root, env, check=False)
-            assert result.returncode != 0
-            assert message in result.stderr
+        damage()
+        result = sh(VALIDATE, root, env, check=False)
+        output = f"exit {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+        assert result.returncode != 0, output
+        failed = [line for line in result.stderr.splitlines() if line.startswith(f"FAILED {failing}:")]
+        assert failed and message in failed[0], output
     finally:
-        target.write_bytes(saved)
-        sh(["dvc", "checkout", "-q"], root, env, check=False)
+        sh(["dvc", "checkout", "--force", "-q"], root, env, check=False)
+    assert json.loads(sh(["dvc", "status", "--json"], root, env).stdout) == {}
 
 
-def test_editing_torch_package_reruns_only_torch_and_downstream(tiny_pipeline):
+def test_corrupt_onnx_fails_validation_naming_the_file(tiny_pipeline: TinyRun) -> None:
+    # The bytes export.json recorded are gone: the run fails artifacts_intact and nothing else of it is judged
+    # (a corrupt model.onnx with its hash re-recorded, failing onnx_checker_model, is in test_validate_failures).
+    target = tiny_pipeline.root / "artifacts/mlp/tf/model.onnx"
+    validate_fails_naming(
+        tiny_pipeline,
+        lambda: replace_bytes(target, b"this is not an onnx model"),
+        "mlp/tf artifacts_intact",
+        "artifacts/mlp/tf/model.onnx: altered since export",
+    )
+
+
+def test_missing_onnx_fails_validation_naming_the_file(tiny_pipeline: TinyRun) -> None:
+    target = tiny_pipeline.root / "artifacts/mlp/tf/model.onnx"
+    validate_fails_naming(
+        tiny_pipeline, target.unlink, "mlp/tf artifacts_intact", "artifacts/mlp/tf/model.onnx: missing"
+    )
+
+
+def test_missing_native_formats_fail_validation_naming_a_file(tiny_pipeline: TinyRun) -> None:
+    """The validator cannot load native formats (it has no framework): only their recorded sha256 ties them to
+    the round-trip figures in export.json. Without it, a run whose native/ is gone would pass."""
+    native = tiny_pipeline.root / "artifacts/cnn/tf/native"
+    first = sorted(str(p.relative_to(native.parent)) for p in native.rglob("*") if p.is_file())[0]
+    validate_fails_naming(
+        tiny_pipeline,
+        lambda: shutil.rmtree(native),
+        "cnn/tf artifacts_intact",
+        f"artifacts/cnn/tf/{first}: missing (export.json recorded it)",
+    )
+
+
+def test_altered_native_file_fails_validation_naming_it(tiny_pipeline: TinyRun) -> None:
+    run = tiny_pipeline.root / "artifacts/attention/tf"
+    target = max((p for p in (run / "native").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    data = bytearray(target.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one byte in the middle of the largest native file
+    validate_fails_naming(
+        tiny_pipeline,
+        lambda: replace_bytes(target, bytes(data)),
+        "attention/tf artifacts_intact",
+        f"artifacts/attention/tf/{target.relative_to(run)}: altered since export",
+    )
+
+
+def test_editing_torch_package_reruns_only_torch_and_downstream(tiny_pipeline: TinyRun) -> None:
     root, env, _ = tiny_pipeline
     source = root / "packages/torch_impl/src/rosetta_torch/models.py"
     source.write_text(source.read_text() + "\n# an edit\n")
     result = sh(["dvc", "repro"], root, env)
     ran = ran_stages(result.stdout)
-    torch_stages = {f"{s}@torch-{m}" for s in ("train", "export") for m in MODELS}
-    assert torch_stages <= ran
-    downstream = {f"bench@torch-{m}" for m in MODELS} | {"validate", "report"}
-    assert ran <= torch_stages | downstream
+    torch_stages = {f"train_export@torch-{m}" for m in MODELS}
+    assert torch_stages <= ran, ran
+    assert ran <= torch_stages | {"validate", "report"}, ran
+    assert json.loads(sh(["dvc", "status", "--json"], root, env).stdout) == {}

@@ -5,8 +5,14 @@ Each case perturbs the artifacts so that exactly one kind of check moves. The sh
 tolerance and the baseline figure that the unperturbed copy's own reports/validation.json gives:
 - "beyond": the figure lands at 2x the bound (or further): validate must exit non-zero, print
   `FAILED <model>/<framework> <check>` and mark exactly the expected rows failed in reports/validation.json;
-- "inside": the figure lands at most half-way from the baseline to the bound: validate must pass, and the
-  row must have moved (else the perturbation was not read and the case proves nothing).
+- "inside": the figure lands at most half-way from the baseline to the bound (test accuracy, which moves in
+  whole test images, as near to that as a whole number of images lands, and within the bound): validate must
+  pass, and the row must have moved (else the perturbation was not read and the case proves nothing).
+validate first checks every file of a run against the sha256 export.json records (`artifacts_intact`), and
+judges nothing else of a run that fails it. So a figure case re-records the hashes of the files it perturbed
+(`rehash`), as an export that had produced those bytes would have: the check that fails is then the figure's
+own. The integrity check itself has its own cases (`test_validate_refuses_altered_artifacts`), as does the
+ONNX checker on a corrupt model.onnx whose hash was re-recorded.
 Nothing is mocked; every case restores the files it touched, so cases do not depend on their order.
 """
 
@@ -14,6 +20,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
 import re
 import shutil
@@ -32,7 +39,9 @@ from safetensors.numpy import load_file
 from safetensors.numpy import save as save_safetensors
 
 from pipelines import paths
-from rosetta_common.data import load_prepared
+from rosetta_common.data import Dataset, load_prepared
+from rosetta_common.io import sha256
+from rosetta_common.metrics import softmax_cross_entropy
 from support import VALIDATE, TinyRun, sh
 
 Side = Literal["beyond", "inside"]
@@ -66,7 +75,7 @@ class Workspace:
     """One case's view of the copy: every write saves the original first, and `restore` puts it back."""
 
     run: FinishedRun
-    saved: dict[Path, bytes] = field(default_factory=dict)
+    saved: dict[Path, bytes | None] = field(default_factory=dict)  # None: the file did not exist
 
     def row(self, model: str, framework: str, check: str) -> dict[str, Any]:
         return self.run.baseline[(model, framework, check)]
@@ -81,7 +90,7 @@ class Workspace:
 
     def write(self, rel: str | Path, data: bytes) -> None:
         path = self.run.root / rel
-        self.saved.setdefault(path, path.read_bytes())
+        self.saved.setdefault(path, path.read_bytes() if path.exists() else None)
         replace_file(path, data)
 
     def remove(self, rel: str | Path) -> None:
@@ -99,14 +108,41 @@ class Workspace:
     def params(self) -> dict[str, Any]:
         return yaml.safe_load((self.run.root / paths.PARAMS).read_text())
 
+    def data(self) -> Dataset:
+        return load_prepared(self.run.root / paths.PREPARED)
+
+    def validation_batch_size(self) -> int:
+        return int(self.params()["export"]["validation_batch_size"])
+
     def validation_batch(self) -> np.ndarray:
-        data = load_prepared(self.run.root / paths.PREPARED)
-        return data.validation_batch(self.params()["export"]["validation_batch_size"])
+        return self.data().validation_batch(self.validation_batch_size())
+
+    def read_npz(self, rel: str | Path) -> dict[str, np.ndarray]:
+        with np.load(self.run.root / rel, allow_pickle=False) as npz:
+            return dict(npz)
+
+    def write_npz(self, rel: str | Path, arrays: dict[str, np.ndarray]) -> None:
+        buffer = io.BytesIO()
+        np.savez(buffer, **arrays)
+        self.write(rel, buffer.getvalue())
 
     def restore(self) -> None:
         for path, data in self.saved.items():
-            replace_file(path, data)
+            if data is None:
+                path.unlink(missing_ok=True)
+            else:
+                replace_file(path, data)
         self.saved.clear()
+
+
+def rehash(ws: Workspace, run_dir: Path) -> None:
+    """Re-record in the run's export.json the sha256 of every file it lists, as an export that had written these
+    bytes would have: after a figure case perturbs a run file, the check that fails is the figure's own, not
+    artifacts_intact (which has cases of its own)."""
+    rel = run_dir / "export.json"
+    record = ws.read_json(rel)
+    record["sha256"] = {name: sha256(ws.run.root / run_dir / name) for name in record["sha256"]}
+    ws.write_json(rel, record)
 
 
 # A perturbation edits the workspace for one side and returns the rows it pushes: the rows that must fail
@@ -138,17 +174,15 @@ def native_logits(model: str, framework: str, check: str, array: str) -> Perturb
     def perturb(ws: Workspace, side: Side) -> list[Key]:
         row = ws.row(model, framework, check)
         rel = paths.native_outputs(model, framework)
-        with np.load(ws.run.root / rel, allow_pickle=False) as npz:
-            arrays = dict(npz)
+        arrays = ws.read_npz(rel)
         logits = arrays[array].copy()
         # the smallest logit: its float32 spacing is the finest, so the offset lands as computed, and the
         # largest |logit| (which sets the tolerance) stays where it is
         at = np.unravel_index(np.abs(logits).argmin(), logits.shape)
         logits[at] += shift(side, row["max_abs_err"], row["tolerance"])
         arrays[array] = logits
-        buffer = io.BytesIO()
-        np.savez(buffer, **arrays)
-        ws.write(rel, buffer.getvalue())
+        ws.write_npz(rel, arrays)
+        rehash(ws, paths.run_dir(model, framework))
         return [(model, framework, check)]
 
     return perturb
@@ -208,6 +242,7 @@ def input_gated_offset(model: str, framework: str) -> Perturb:
         )
         onnx.checker.check_model(onnx_model, full_check=True)  # validate must judge parity, not a broken file
         ws.write(rel, onnx_model.SerializeToString())
+        rehash(ws, paths.run_dir(model, framework))
         return [key(r) for r in rows]
 
     return perturb
@@ -234,24 +269,226 @@ def step_loss(model: str, framework: str, check: str, step: int) -> Perturb:
         others = [log["step_losses"][step] for f, log in logs.items() if f != framework]
         logs[framework]["step_losses"][step] = moved_value(side, others, aim(side, *worst(rows)), relative=True)
         ws.write_json(paths.train_log(model, framework), logs[framework])
+        rehash(ws, paths.run_dir(model, framework))
         return [key(r) for r in rows]
 
     return perturb
 
 
-def metric_value(model: str, framework: str, check: str, metric: str) -> Perturb:
-    """One framework's metrics file reports a different test loss or accuracy. (validate reads these figures
-    from metrics/ today; once it recomputes them from the artifacts, this case must perturb those instead.)"""
+# Test loss and accuracy: validate computes them from native_outputs.npz's test_logits (and ONNX Runtime's accuracy
+# from model.onnx on the same images), so these cases perturb test_logits. Rows of the validation batch (the first
+# export.validation_batch_size test images, whose logits validation_logits holds too) are never touched.
+MARGIN = 1e-3  # a flipped image's top-two logits lie at least this far apart: far above ONNX-vs-native error
+
+
+def margins(logits: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """|true class's logit - the best other class's|, per image."""
+    others = logits.astype(np.float64).copy()
+    others[np.arange(len(labels)), labels] = -np.inf
+    return np.abs(logits[np.arange(len(labels)), labels] - others.max(axis=1))
+
+
+def flip(logits: np.ndarray, labels: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Swap each row's true-class logit with the best other class's: a right prediction turns wrong, a wrong
+    one right (the row's logits stay the same values, permuted)."""
+    out = logits.copy()
+    for i in rows:
+        others = out[i].astype(np.float64).copy()
+        others[labels[i]] = -np.inf
+        j = int(others.argmax())
+        out[i, labels[i]], out[i, j] = out[i, j], out[i, labels[i]]
+    return out
+
+
+def rescale_to_loss(logits: np.ndarray, labels: np.ndarray, rows: np.ndarray, target: float) -> np.ndarray:
+    """`logits` with `rows` (all predicted right) multiplied by one factor c > 0, found by bisection so that the
+    mean cross-entropy is `target`. A right row's loss falls monotonically from log(classes) (c -> 0) to 0
+    (c -> inf), and a positive factor keeps every row's argmax."""
+
+    def scaled(log_c: float) -> tuple[np.ndarray, float]:
+        out = logits.copy()
+        out[rows] = (logits[rows].astype(np.float64) * math.exp(log_c)).astype(np.float32)
+        return out, softmax_cross_entropy(out, labels)
+
+    lo, hi = -20.0, 20.0  # the loss at lo is above the target, at hi below it
+    assert scaled(hi)[1] < target < scaled(lo)[1], f"test loss {target} out of reach by scaling {len(rows)} rows"
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if scaled(mid)[1] > target else (lo, mid)
+    out, loss = scaled((lo + hi) / 2)
+    assert abs(loss - target) <= 1e-7 * target, (loss, target)  # float32 logits: the loss moves in tiny steps
+    assert (out[rows].argmax(axis=1) == logits[rows].argmax(axis=1)).all(), "scaling changed a prediction"
+    return out
+
+
+def unique_images(images: np.ndarray) -> np.ndarray:
+    """Whether each test image occurs exactly once in the test set (an ONNX gate keyed on it then hits only it)."""
+    flat = images.reshape(len(images), -1)
+    _, inverse, counts = np.unique(flat, axis=0, return_inverse=True, return_counts=True)
+    return counts[inverse.ravel()] == 1
+
+
+def flip_predictions(ws: Workspace, model: str, framework: str, change: int) -> tuple[np.ndarray, np.ndarray]:
+    """Change the number of right test predictions of one framework by `change` (negative: right ones turn
+    wrong), on images past the validation batch, each unique in the test set, with the smallest margins above
+    MARGIN; then scale its other right rows so that the test loss stays what it was (test_loss_rel does not
+    move). Writes native_outputs.npz; returns the flipped rows and their logit change."""
+    data = ws.data()
+    labels = data.test_labels
+    rel = paths.native_outputs(model, framework)
+    arrays = ws.read_npz(rel)
+    logits = arrays["test_logits"]
+    right = logits.argmax(axis=1) == labels
+    margin = margins(logits, labels)
+    past_batch = np.arange(len(labels)) >= ws.validation_batch_size()
+    flippable = past_batch & (right == (change < 0)) & (margin > MARGIN) & unique_images(data.test_images)
+    candidates = np.flatnonzero(flippable)
+    rows = candidates[np.argsort(margin[candidates], kind="stable")][: abs(change)]
+    assert len(rows) == abs(change), f"only {len(candidates)} images can flip, {abs(change)} needed"
+    flipped = flip(logits, labels, rows)
+    others = np.flatnonzero(past_batch & right & ~np.isin(np.arange(len(labels)), rows))
+    flipped = rescale_to_loss(flipped, labels, others, softmax_cross_entropy(logits, labels))
+    assert np.count_nonzero(flipped.argmax(axis=1) == labels) == np.count_nonzero(right) + change
+    arrays["test_logits"] = flipped
+    ws.write_npz(rel, arrays)
+    return rows, flipped[rows] - logits[rows]
+
+
+def gate_onnx(ws: Workspace, rel: Path, images: np.ndarray, offsets: np.ndarray) -> None:
+    """model.onnx adds offsets[i] to its logits exactly when its input image equals images[i] (every pixel);
+    for any other image it adds 0.0, which leaves every logit bit for bit as it was."""
+    onnx_model = onnx.load(str(ws.run.root / rel))
+    graph = onnx_model.graph
+    x, logits = graph.input[0].name, graph.output[0].name
+    for node in graph.node:
+        node.output[:] = [f"{logits}_ungated" if name == logits else name for name in node.output]
+    graph.initializer.extend(
+        [
+            numpy_helper.from_array(images.reshape(len(images), -1).astype(np.float32), "gate_images"),
+            numpy_helper.from_array(offsets.astype(np.float32), "gate_offsets"),
+            numpy_helper.from_array(np.array([1], np.int64), "gate_axis1"),
+            numpy_helper.from_array(np.array([2], np.int64), "gate_axis2"),
+            numpy_helper.from_array(np.array(0.0, np.float32), "gate_zero"),
+        ]
+    )
+    graph.node.extend(
+        [
+            helper.make_node("Flatten", [x], ["gate_flat"], axis=1),  # (batch, pixels)
+            helper.make_node("Unsqueeze", ["gate_flat", "gate_axis1"], ["gate_x"]),  # (batch, 1, pixels)
+            helper.make_node("Sub", ["gate_x", "gate_images"], ["gate_diff"]),  # (batch, k, pixels)
+            helper.make_node("Abs", ["gate_diff"], ["gate_abs"]),
+            helper.make_node("ReduceSum", ["gate_abs", "gate_axis2"], ["gate_distance"], keepdims=0),  # (batch, k)
+            helper.make_node("Equal", ["gate_distance", "gate_zero"], ["gate_hit"]),
+            helper.make_node("Cast", ["gate_hit"], ["gate_mask"], to=onnx.TensorProto.FLOAT),
+            helper.make_node("MatMul", ["gate_mask", "gate_offsets"], ["gate_offset"]),  # (batch, classes)
+            helper.make_node("Add", [f"{logits}_ungated", "gate_offset"], [logits]),
+        ]
+    )
+    onnx.checker.check_model(onnx_model, full_check=True)
+    ws.write(rel, onnx_model.SerializeToString())
+
+
+def native_test_figures(ws: Workspace, model: str, frameworks: set[str]) -> dict[str, dict[str, float]]:
+    """Each framework's test accuracy and loss, computed as validate computes them."""
+    labels = ws.data().test_labels
+    out = {}
+    for f in frameworks:
+        logits = ws.read_npz(paths.native_outputs(model, f))["test_logits"]
+        out[f] = {
+            "accuracy": float((logits.argmax(axis=1) == labels).mean()),
+            "loss": softmax_cross_entropy(logits, labels),
+            "n": float(len(labels)),
+        }
+    return out
+
+
+def loss_scale(model: str, framework: str) -> Perturb:
+    """One framework's test loss moves to the target: its right test predictions past the validation batch get
+    more or less confident (their logits scaled by one factor), no prediction changes, so test accuracy (native
+    and ONNX Runtime's) stays what it was."""
 
     def perturb(ws: Workspace, side: Side) -> list[Key]:
-        rows = ws.rows(model, check, framework)
-        pairs = {f for r in rows for f in r["framework"].split("|")}
-        metrics = {f: ws.read_json(paths.metrics(model, f)) for f in pairs}
-        others = [m[metric] for f, m in metrics.items() if f != framework]
-        target = aim(side, *worst(rows))
-        metrics[framework][metric] = moved_value(side, others, target, relative=metric == "test_loss")
-        ws.write_json(paths.metrics(model, framework), metrics[framework])
+        rows = ws.rows(model, "test_loss_rel", framework)
+        figures = native_test_figures(ws, model, {f for r in rows for f in r["framework"].split("|")})
+        others = [fig["loss"] for f, fig in figures.items() if f != framework]
+        target = moved_value(side, others, aim(side, *worst(rows)), relative=True)
+        labels = ws.data().test_labels
+        rel = paths.native_outputs(model, framework)
+        arrays = ws.read_npz(rel)
+        logits = arrays["test_logits"]
+        past_batch = np.arange(len(labels)) >= ws.validation_batch_size()
+        right = np.flatnonzero((logits.argmax(axis=1) == labels) & past_batch)
+        arrays["test_logits"] = rescale_to_loss(logits, labels, right, target)
+        ws.write_npz(rel, arrays)
+        rehash(ws, paths.run_dir(model, framework))
         return [key(r) for r in rows]
+
+    return perturb
+
+
+def accuracy_change(
+    side: Side,
+    figures: dict[str, dict[str, float]],
+    framework: str,
+    bound: float,
+    target: float,
+    choices: tuple[int, ...] = (-3, -2, -1, 1, 2, 3),
+) -> int:
+    """The signed number of test images whose prediction must flip for `framework`: "beyond", the fewest that put
+    its accuracy `target` points below every other framework's; "inside", the change among `choices` (accuracy
+    moves in steps of 100/n points) that keeps it nearest the others, strictly within `bound`."""
+    acc, n = figures[framework]["accuracy"], figures[framework]["n"]
+    others = [fig["accuracy"] for f, fig in figures.items() if f != framework]
+
+    def spread(change: int) -> float:
+        return max(100 * abs(acc + change / n - o) for o in others)
+
+    if side == "beyond":
+        change = -math.ceil((acc - moved_value(side, others, target, relative=False)) * n - 1e-9)
+        assert spread(change) >= target - 1e-9, (change, spread(change))
+        return change
+    changes = [c for c in choices if spread(c) < bound]
+    assert changes, f"no whole number of images keeps {framework}'s test accuracy within {bound} points"
+    return min(changes, key=lambda c: (spread(c), abs(c)))
+
+
+def accuracy_flips(model: str, framework: str) -> Perturb:
+    """One framework's test accuracy moves by whole images: right predictions turn wrong (beyond), or the
+    nearest change that stays within the bound (inside). The test loss is held where it was (rescale_to_loss),
+    and model.onnx is gated to make the same flips on exactly those images, so ONNX Runtime's accuracy moves with
+    the native one: onnx_test_accuracy_equals_native (tolerance 0) stays honest and passing, and the only check
+    that moves is test_accuracy_points (min_test_accuracy reads the same figure and stays above its floor).
+    (Leaving model.onnx alone would fail that zero-tolerance check on every
+    inside case too; raising the tolerance instead would prove nothing about the figure. The native-only flip
+    is its own case below, `onnx_accuracy`.)"""
+
+    def perturb(ws: Workspace, side: Side) -> list[Key]:
+        rows = ws.rows(model, "test_accuracy_points", framework)
+        figures = native_test_figures(ws, model, {f for r in rows for f in r["framework"].split("|")})
+        baseline, bound = worst(rows)
+        change = accuracy_change(side, figures, framework, bound, aim(side, baseline, bound))
+        flipped, offsets = flip_predictions(ws, model, framework, change)
+        gate_onnx(ws, paths.onnx_model(model, framework), ws.data().test_images[flipped], offsets)
+        rehash(ws, paths.run_dir(model, framework))
+        return [key(r) for r in rows]
+
+    return perturb
+
+
+def onnx_accuracy(model: str, framework: str) -> Perturb:
+    """The framework's own test logits predict one image differently (right to wrong or the reverse, whichever
+    keeps test_accuracy_points within its bound; the test loss held), model.onnx unchanged: ONNX Runtime's test
+    accuracy no longer equals the native one. Tolerance 0: there is no "inside"."""
+
+    def perturb(ws: Workspace, side: Side) -> list[Key]:
+        assert side == "beyond", "a zero tolerance has no inside"
+        rows = ws.rows(model, "test_accuracy_points", framework)
+        figures = native_test_figures(ws, model, {f for r in rows for f in r["framework"].split("|")})
+        bound = worst(rows)[1]
+        change = accuracy_change("inside", figures, framework, bound, bound, choices=(-1, 1))
+        flip_predictions(ws, model, framework, change)
+        rehash(ws, paths.run_dir(model, framework))
+        return [(model, framework, "onnx_test_accuracy_equals_native")]
 
     return perturb
 
@@ -301,13 +538,20 @@ CASES = [
     pytest.param(input_gated_offset("attention", "torch"), id="forward_parity_init_onnx-attention-torch"),
     pytest.param(step_loss("mlp", "jax", "train_step1_loss_rel", 0), id="train_step1_loss_rel-mlp-jax"),
     pytest.param(step_loss("cnn", "tf", "train_first_epoch_loss_rel", 1), id="train_first_epoch_loss_rel-cnn-tf"),
-    pytest.param(metric_value("attention", "torch", "test_loss_rel", "test_loss"), id="test_loss_rel-attention-torch"),
-    pytest.param(metric_value("mlp", "tf", "test_accuracy_points", "test_accuracy"), id="test_accuracy_points-mlp-tf"),
+    pytest.param(loss_scale("attention", "torch"), id="test_loss_rel-attention-torch"),
+    pytest.param(accuracy_flips("mlp", "tf"), id="test_accuracy_points-mlp-tf"),
     pytest.param(accuracy_floor("attention"), id="min_test_accuracy-attention"),
     pytest.param(native_roundtrip("mlp", "torch"), id="native_roundtrip-mlp-torch"),
     pytest.param(native_roundtrip("cnn", "tf"), id="native_roundtrip-cnn-tf"),
     pytest.param(native_roundtrip("attention", "jax"), id="native_roundtrip-attention-jax"),
 ]
+# Checks whose tolerance is 0: only "beyond".
+ZERO_TOLERANCE_CASES = [
+    pytest.param(onnx_accuracy("cnn", "jax"), id="onnx_test_accuracy_equals_native-cnn-jax"),
+]
+SIDED = [
+    pytest.param(case.values[0], side, id=f"{case.id}-{side}") for case in CASES for side in ("beyond", "inside")
+] + [pytest.param(case.values[0], "beyond", id=f"{case.id}-beyond") for case in ZERO_TOLERANCE_CASES]
 
 
 @pytest.fixture(scope="module")
@@ -330,28 +574,133 @@ def workspace(finished_run: FinishedRun) -> Iterator[Workspace]:
     ws.restore()
 
 
-@pytest.mark.parametrize("side", ["beyond", "inside"])
-@pytest.mark.parametrize("perturb", CASES)
+def run_validate(ws: Workspace) -> tuple[Any, dict[Key, dict[str, Any]], str]:
+    """The real validate stage on the workspace: its process result, its report's rows, and its output (for
+    assertion messages)."""
+    ws.remove(REPORT)  # the report read below must be this run's, not a leftover
+    result = sh(VALIDATE, ws.run.root, ws.run.env, check=False)
+    output = f"exit {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    assert (ws.run.root / REPORT).is_file(), f"validate wrote no report (crashed?):\n{output}"
+    report = json.loads((ws.run.root / REPORT).read_text())
+    assert report["passed"] is (result.returncode == 0), output
+    return result, {key(r): r for r in report["checks"]}, output
+
+
+def assert_failed_naming(result: Any, rows: dict[Key, dict[str, Any]], keys: set[Key], output: str) -> None:
+    assert result.returncode != 0, output
+    for model, framework, check in keys:
+        assert re.search(rf"^FAILED {re.escape(f'{model}/{framework} {check}')}:", result.stderr, re.M), output
+    assert {k for k, r in rows.items() if not r["passed"]} == keys, output  # that check and nothing else
+
+
+@pytest.mark.parametrize(("perturb", "side"), SIDED)
 def test_validate_judges_the_tolerance(workspace: Workspace, perturb: Perturb, side: Side) -> None:
     pushed = perturb(workspace, side)
     assert pushed, "the case moved no row"
-    workspace.remove(REPORT)  # the report read below must be this run's, not a leftover
-    result = sh(VALIDATE, workspace.run.root, workspace.run.env, check=False)
-    output = f"exit {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
-    assert (workspace.run.root / REPORT).is_file(), f"validate wrote no report (crashed?):\n{output}"
-    report = json.loads((workspace.run.root / REPORT).read_text())
-    rows = {key(r): r for r in report["checks"]}
+    result, rows, output = run_validate(workspace)
     assert rows.keys() == workspace.run.baseline.keys()
-    failed = {k for k, r in rows.items() if not r["passed"]}
     if side == "beyond":
-        assert result.returncode != 0, output
-        assert report["passed"] is False
-        for model, framework, check in pushed:
-            assert re.search(rf"^FAILED {re.escape(f'{model}/{framework} {check}')}:", result.stderr, re.M), output
-        assert failed == set(pushed), output  # that check and nothing else
+        assert_failed_naming(result, rows, set(pushed), output)
     else:
         assert result.returncode == 0, output
-        assert report["passed"] is True and not failed
+        assert all(r["passed"] for r in rows.values())
         for k in pushed:
             before, after = workspace.run.baseline[k], rows[k]
             assert (after["max_abs_err"], after["tolerance"]) != (before["max_abs_err"], before["tolerance"]), k
+
+
+# A damage edits a run's files and returns the rows that must fail, the rows validate must then leave out (what it
+# cannot judge), and the text the failing row's detail must hold (naming the file).
+Damage = Callable[[Workspace], tuple[set[Key], set[Key], str]]
+
+
+def native_files(ws: Workspace, model: str, framework: str) -> list[Path]:
+    native = ws.run.root / paths.native_dir(model, framework)
+    return sorted(p.relative_to(ws.run.root) for p in native.rglob("*") if p.is_file())
+
+
+def unjudged(ws: Workspace, model: str, framework: str) -> set[Key]:
+    """A run that fails artifacts_intact is not judged further: every other row of it, and every pair it is in."""
+    return {
+        k
+        for k in ws.run.baseline
+        if k[0] == model and framework in k[1].split("|") and k != (model, framework, "artifacts_intact")
+    }
+
+
+def native_file_deleted(model: str, framework: str) -> Damage:
+    def damage(ws: Workspace) -> tuple[set[Key], set[Key], str]:
+        target = native_files(ws, model, framework)[0]
+        ws.remove(target)
+        return (
+            {(model, framework, "artifacts_intact")},
+            unjudged(ws, model, framework),
+            f"{target}: missing (export.json recorded it)",
+        )
+
+    return damage
+
+
+def native_file_altered(model: str, framework: str) -> Damage:
+    """One byte of the largest native file changes; export.json is not updated."""
+
+    def damage(ws: Workspace) -> tuple[set[Key], set[Key], str]:
+        target = max(native_files(ws, model, framework), key=lambda p: (ws.run.root / p).stat().st_size)
+        data = bytearray((ws.run.root / target).read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        ws.write(target, bytes(data))
+        return (
+            {(model, framework, "artifacts_intact")},
+            unjudged(ws, model, framework),
+            f"{target}: altered since export",
+        )
+
+    return damage
+
+
+def native_file_unrecorded(model: str, framework: str) -> Damage:
+    """A file export.json never recorded appears under native/ (a format the export did not vouch for)."""
+
+    def damage(ws: Workspace) -> tuple[set[Key], set[Key], str]:
+        target = paths.native_dir(model, framework) / "unrecorded.bin"
+        ws.write(target, b"not written by the export")
+        return (
+            {(model, framework, "artifacts_intact")},
+            unjudged(ws, model, framework),
+            f"{target}: not among the files export.json recorded",
+        )
+
+    return damage
+
+
+def onnx_corrupt_rehashed(model: str, framework: str) -> Damage:
+    """model.onnx is not an ONNX model, and export.json records its sha256 (an export that wrote junk): the run is
+    intact, the ONNX checker fails naming the file, and what needs a session of it is not judged."""
+
+    def damage(ws: Workspace) -> tuple[set[Key], set[Key], str]:
+        target = paths.onnx_model(model, framework)
+        ws.write(target, b"this is not an onnx model")
+        rehash(ws, paths.run_dir(model, framework))
+        absent = {(model, framework, "onnx_vs_native"), (model, framework, "onnx_test_accuracy_equals_native")}
+        return {(model, framework, "onnx_checker_model")}, absent, f"{target}: not a valid ONNX model"
+
+    return damage
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        pytest.param(native_file_deleted("mlp", "tf"), id="artifacts_intact-native-deleted-mlp-tf"),
+        pytest.param(native_file_altered("cnn", "torch"), id="artifacts_intact-native-altered-cnn-torch"),
+        pytest.param(native_file_unrecorded("attention", "jax"), id="artifacts_intact-native-unrecorded-attention-jax"),
+        pytest.param(onnx_corrupt_rehashed("mlp", "jax"), id="onnx_checker_model-corrupt-mlp-jax"),
+    ],
+)
+def test_validate_refuses_altered_artifacts(workspace: Workspace, damage: Damage) -> None:
+    failing, absent, message = damage(workspace)
+    result, rows, output = run_validate(workspace)
+    assert_failed_naming(result, rows, failing, output)
+    for k in failing:
+        assert message in rows[k].get("detail", ""), (rows[k], message)
+    assert message in result.stderr, output
+    assert rows.keys() == workspace.run.baseline.keys() - absent, output

@@ -37,6 +37,7 @@ def conform(model: Any, framework: str) -> Any:
     """Name the batch dimension "batch" on the input, the output and every intermediate that shares it,
     then check the conventions; returns the same (modified) ModelProto. Raises ExportError naming what is off."""
     graph = model.graph
+    strip_source_paths(model)
     if len(graph.input) == 1 and _dims(graph.input[0]):
         old = _dims(graph.input[0])[0].dim_param
         if old and old != BATCH_DIM:
@@ -51,6 +52,22 @@ def conform(model: Any, framework: str) -> Any:
     problems = violations(model, framework)
     if problems:
         raise ExportError(f"{framework} ONNX export: {'; '.join(problems)}")
+    return model
+
+
+def strip_source_paths(model: Any) -> Any:
+    """Drop the debugging records that quote source files by absolute path (torch.onnx writes a Python stack trace
+    into every node's metadata): they would put paths of this machine into an artifact and make its bytes depend on
+    where the checkout lives. Op names, scopes and class hierarchies stay."""
+    for node in model.graph.node:
+        node.doc_string = ""
+        kept = [entry for entry in node.metadata_props if "stack_trace" not in entry.key]
+        if len(kept) != len(node.metadata_props):
+            copies = [type(entry)() for entry in kept]
+            for copy, entry in zip(copies, kept, strict=True):
+                copy.CopyFrom(entry)
+            del node.metadata_props[:]
+            node.metadata_props.extend(copies)
     return model
 
 

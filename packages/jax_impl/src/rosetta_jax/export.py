@@ -54,7 +54,7 @@ def export_native(model: Model, out_dir: Path, example: np.ndarray) -> list[Path
     # The weights are closed over, so they become constants of the exported StableHLO module.
     forward = jax.jit(lambda images: nnx.merge(graphdef, state)(images))
     batch = jax.export.symbolic_shape(f"b, {height}, {width}")
-    exported = jax.export.export(forward)(jax.ShapeDtypeStruct(batch, jnp.float32))
+    exported = jax.export.export(forward)(jax.ShapeDtypeStruct(batch, jnp.float32))  # locations: see configure()
     write_bytes(paths[2], bytes(exported.serialize()))
     return paths
 

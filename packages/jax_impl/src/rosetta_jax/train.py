@@ -40,6 +40,11 @@ def configure(seed: int) -> None:
     if "--xla_gpu_deterministic_ops" not in flags:
         os.environ["XLA_FLAGS"] = f"{flags} --xla_gpu_deterministic_ops=true".strip()
     jax.config.update("jax_default_matmul_precision", "highest")
+    # Lowered programs (jax.export's StableHLO) carry source locations: keep only the innermost frame and only its
+    # file name, so an export holds no path of this machine and its bytes do not depend on where the checkout or
+    # the environment lives.
+    jax.config.update("jax_include_full_tracebacks_in_locations", False)
+    jax.config.update("jax_hlo_source_file_canonicalization_regex", r".*/")
 
 
 class TorchAdamState(NamedTuple):

@@ -63,6 +63,10 @@ def export_native(model: nn.Module, out_dir: Path, example: np.ndarray) -> list[
     except Exception as error:  # torch.export raises many types; the user needs the first line of one
         raise ExportError(f"torch.export of {twin.config.arch}: {one_line(str(error))}") from error
     program.example_inputs = None  # else they are saved with torch.save, a pickle
+    for node in program.graph_module.graph.nodes:
+        # Python stack traces name our source files by absolute path: no path of this machine in an artifact, and
+        # the same bytes wherever the checkout lives.
+        node.meta.pop("stack_trace", None)
     with atomic_path(out_dir / STATE_FILE) as tmp:
         save_file({k: v.contiguous() for k, v in twin.state_dict().items()}, str(tmp), metadata)
     with atomic_path(out_dir / PROGRAM_FILE) as tmp:

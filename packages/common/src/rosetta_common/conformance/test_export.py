@@ -79,3 +79,10 @@ def test_exports_repeat_byte_for_byte_across_processes(backend: ModuleType, tmp_
     first, second = runs
     assert first.keys() == second.keys() and first
     assert [name for name in first if first[name] != second[name]] == []
+    # No path of this machine inside an artifact (a source file's, the environment's, the output folder's): it
+    # would leak the machine into shared files and make their bytes depend on where the checkout lives.
+    checkout = str(Path(__file__).resolve().parents[5])
+    for path in (p for p in tmp_path.rglob("*") if p.is_file()):
+        data = path.read_bytes()
+        for needle in {checkout, sys.prefix, str(tmp_path)}:
+            assert needle.encode() not in data, f"{path.relative_to(tmp_path)} holds {needle}"
