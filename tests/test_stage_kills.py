@@ -1,0 +1,245 @@
+"""SIGKILL a real stage, whole process group, at several points, in a copy of the session's finished TINY run:
+during training, between two outputs, during the export's writes, just after its folder was published, and
+`dvc repro` itself between two stages. Afterwards no lineage output (data/, artifacts/, reports/) is partial or
+mixed: a run folder is either the complete previous one, byte for byte, or absent (DVC removes a stage's outputs
+before it runs the stage), or complete and consistent with its own export.json; no *.tmp file lies among them;
+and the next `dvc repro` completes, with the validate stage passing.
+
+Direct kills run the stage as dvc.yaml does but with a changed learning rate, so that the new folder differs from
+the old one and a mix of the two could not pass for either.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from integrity_support import VALIDATE, fingerprint, leftovers, replace_file, train_export, tree
+from support import TinyRun, ran_stages, sh
+
+RUN = "artifacts/mlp/jax"  # the run folder the direct kills target (jax starts fastest)
+
+
+@dataclass(frozen=True)
+class Run:
+    root: Path
+    env: dict[str, str]
+
+
+class Started:
+    """A command started in its own session (process group), its stdout and stderr read as they come."""
+
+    def __init__(self, cmd: list[str], root: Path, env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        self.chunks: list[bytes] = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        while chunk := os.read(fd, 1 << 16):
+            self.chunks.append(chunk)
+
+    def output(self) -> str:
+        return b"".join(self.chunks).decode(errors="replace")
+
+    def kill_when(self, ready: Callable[[], bool], timeout: float = 300.0) -> None:
+        """SIGKILL the whole group as soon as `ready()`; fail if the command ended first (the point was missed)."""
+        deadline = time.monotonic() + timeout
+        while not ready():
+            if self.proc.poll() is not None:
+                self.reader.join(5)
+                pytest.fail(f"the command ended (exit {self.proc.returncode}) before the kill point:\n"
+                            f"{self.output()[-4000:]}")
+            if time.monotonic() > deadline:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                pytest.fail(f"no kill point within {timeout}s:\n{self.output()[-4000:]}")
+            time.sleep(0.002)
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+        self.reader.join(10)
+        assert self.proc.returncode == -signal.SIGKILL, self.output()[-4000:]
+        deadline = time.monotonic() + 30  # the others of the group die asynchronously (a big process takes a while)
+        while group_alive(self.proc.pid):
+            assert time.monotonic() < deadline, "a process of the killed group survived SIGKILL"
+            time.sleep(0.05)
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether a live (not zombie) process is left in process group `pgid`."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            return True
+    return False
+
+
+def staged(root: Path, name: str = "jax") -> set[Path]:
+    """Run folders being built in scratch (rosetta_common.io.staged_outputs) for a framework; a killed stage
+    leaves its own behind (scratch is not lineage), so a test looks only at those its run made."""
+    return set((root / ".rosetta/tmp").glob(f".{name}.*.tmp/{name}"))
+
+
+def staged_has(root: Path, earlier: set[Path], present: str, absent: str = "export.json") -> bool:
+    return any(any(folder.glob(present)) and not (folder / absent).exists()
+               for folder in staged(root) - earlier)
+
+
+def digest(path: Path) -> str | None:
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+
+
+def consistent(folder: Path) -> bool:
+    """A complete run folder: export.json records the sha256 of every other file in it, and each matches."""
+    record = folder / "export.json"
+    if not record.is_file():
+        return False
+    recorded = json.loads(record.read_text())["sha256"]
+    files = tree(folder)
+    files.pop("export.json")
+    return files == recorded
+
+
+def check_outputs(root: Path, before: dict[str, str], folders: dict[str, str]) -> dict[str, str]:
+    """No partial or mixed outputs: every file outside the run folders is as `before`; each run folder in `folders`
+    is in a state it allows ("old": byte-identical to before; "old|absent": that or gone; "complete": consistent
+    with its own export.json). Returns each folder's state."""
+    assert not leftovers(root), leftovers(root)
+    after = fingerprint(root)
+    outside = {k: v for k, v in after.items() if not any(k.startswith(f + "/") for f in folders)}
+    expected = {k: v for k, v in before.items() if not any(k.startswith(f + "/") for f in folders)}
+    assert outside == expected, sorted(k for k in outside.keys() | expected.keys() if outside.get(k) != expected.get(k))
+    states = {}
+    for folder, allowed in folders.items():
+        old = {k: v for k, v in before.items() if k.startswith(folder + "/")}
+        now = {k: v for k, v in after.items() if k.startswith(folder + "/")}
+        if now == old:
+            state = "old"
+        elif not (root / folder).exists():
+            state = "absent"
+        else:
+            assert consistent(root / folder), f"{folder}: neither the old folder nor a complete new one: mixed"
+            state = "complete"
+        assert state in allowed.split("|"), f"{folder}: {state}, allowed {allowed}"
+        states[folder] = state
+    return states
+
+
+def repro_completes(run: Run) -> set[str]:
+    """The next `dvc repro` finishes, nothing is left to run, and the validate stage passes on what it made."""
+    result = sh(["dvc", "repro"], run.root, run.env)
+    status = sh(["dvc", "status"], run.root, run.env)
+    assert "up to date" in status.stdout, status.stdout
+    sh(VALIDATE, run.root, run.env)  # fails (non-zero) on any failed check
+    assert json.loads((run.root / "reports/validation.json").read_text())["passed"] is True
+    assert not leftovers(run.root)
+    return ran_stages(result.stdout)
+
+
+@pytest.fixture(scope="module")
+def run(tiny_pipeline: TinyRun, tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """This module's own copy of the session's finished run (the kills must not touch the shared one)."""
+    root = tmp_path_factory.mktemp("stage_kills") / "repo"
+    shutil.copytree(tiny_pipeline.root, root, symlinks=True)
+    return Run(root, tiny_pipeline.env)
+
+
+@dataclass(frozen=True)
+class Point:
+    """What the kill waits for, seen from the test: the run's output so far, the repository, what was staged
+    before the run started, and the old export.json's sha256."""
+
+    output: str
+    root: Path
+    earlier: set[Path]
+    old_export: str
+
+
+# Kill points of one direct run of train_export@jax-mlp, and the states its run folder may be left in.
+POINTS = [
+    # tqdm's bar appears as training starts (the first step compiles, then every epoch runs)
+    pytest.param(lambda p: "jax mlp:" in p.output, "old", id="during-training"),
+    # trained.safetensors, train_log.json and metrics.json are staged; the export has not recorded anything yet
+    pytest.param(lambda p: staged_has(p.root, p.earlier, "metrics.json"), "old", id="between-train-and-export"),
+    # the first native file is staged: the export is writing native/; model.onnx and the rest are to come
+    pytest.param(lambda p: staged_has(p.root, p.earlier, "native/*"), "old", id="during-export-writes"),
+    # the new folder is published (export.json changed); the stage still measures latency into measurements/
+    pytest.param(lambda p: digest(p.root / RUN / "export.json") not in (None, p.old_export), "complete",
+                 id="after-publish"),
+]
+
+
+@pytest.mark.parametrize(("ready", "allowed"), POINTS)
+def test_direct_kill_leaves_old_or_complete(run: Run, ready: Callable[[Point], bool], allowed: str) -> None:
+    before = fingerprint(run.root)
+    earlier = staged(run.root)
+    params = run.root / "params.yaml"
+    original = params.read_bytes()
+    changed = yaml.safe_load(original)
+    changed["optimizers"]["adam"]["learning_rate"]["mlp"] = 2e-3  # the new folder differs from the old one
+    replace_file(params, yaml.safe_dump(changed, sort_keys=False).encode())
+    try:
+        started = Started(train_export("jax", "mlp"), run.root, run.env)
+        started.kill_when(lambda: ready(Point(started.output(), run.root, earlier, before[f"{RUN}/export.json"])))
+        state = check_outputs(run.root, before, {RUN: allowed})[RUN]
+    finally:
+        replace_file(params, original)
+    repro_completes(run)
+    # an untouched folder needs nothing; a new one (the other learning rate) is replaced by the one params.yaml
+    # makes (DVC checks it out from its run cache, or reruns the stage): the previous folder, byte for byte
+    assert fingerprint(run.root, ("data", "artifacts")) == {
+        k: v for k, v in before.items() if k.startswith(("data/", "artifacts/"))
+    }, f"after a kill leaving it {state}, the next repro did not give back the run folder"
+
+
+def test_dvc_repro_killed_between_two_stages(run: Run) -> None:
+    """`dvc repro` reruns the three jax stages (their package changed) and is killed while the second one trains,
+    the first one's folder published: the first is complete, the second old or absent (DVC removes a stage's
+    outputs before running it), the third untouched. The next `dvc repro` runs what is left and passes."""
+    before = fingerprint(run.root)
+    package = run.root / "packages/jax_impl/src/rosetta_jax/__init__.py"
+    original = package.read_bytes()
+    replace_file(package, original + b"\n# touched by test_stage_kills\n")
+    try:
+        started = Started(["dvc", "repro"], run.root, run.env)
+
+        def jax_stages() -> list[tuple[str, str]]:
+            """(model, its output so far) of each jax stage DVC started, in order."""
+            parts = started.output().split("Running stage 'train_export@jax-")[1:]
+            return [(part.split("'")[0], part) for part in parts]
+
+        def second_one_training() -> bool:
+            stages = jax_stages()
+            return len(stages) >= 2 and f"jax {stages[1][0]}:" in stages[1][1]
+
+        started.kill_when(second_one_training)
+        (first, _), (second, _) = jax_stages()[:2]
+        (third,) = {"mlp", "cnn", "attention"} - {first, second}
+        folders = {f"artifacts/{first}/jax": "complete|old", f"artifacts/{second}/jax": "old|absent",
+                   f"artifacts/{third}/jax": "old"}
+        states = check_outputs(run.root, before, folders)
+        ran = repro_completes(run)
+        assert {f"train_export@jax-{second}", f"train_export@jax-{third}"} <= ran, ran
+        assert f"train_export@jax-{first}" not in ran, ran
+        for folder in folders:
+            assert consistent(run.root / folder), folder
+    finally:
+        replace_file(package, original)
+    print(f"killed dvc repro while {second} trained: {states}; the next repro ran {sorted(ran)}")
