@@ -6,10 +6,14 @@ export PATH := $(BIN):$(PATH)
 
 .PHONY: setup repro test test-frameworks test-cross lint locks clean-envs browser
 
-# The orchestrator's environment (DVC, test tools): no framework in it.
+# The orchestrator's environment (DVC, test tools): no framework in it. pip installs only uv, pinned and
+# hash-checked from the lock; uv installs the rest from the same lock (5-12x faster than pip).
 $(VENV)/.installed: requirements.lock
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --require-hashes -r requirements.lock
+	$(BIN)/python -c "import re; lock = open('requirements.lock').read();\
+		open('$(VENV)/uv.lock.txt', 'w').write(re.search(r'^uv==.*?(?=^\S|\Z)', lock, re.M | re.S).group(0))"
+	$(BIN)/python -m pip install --quiet --no-deps --require-hashes -r $(VENV)/uv.lock.txt
+	$(BIN)/python -m uv pip install --quiet --require-hashes --python $(BIN)/python -r requirements.lock
 	@# common, from this checkout, for the stages that run here (data, init, report): a path file, no build
 	$(BIN)/python -c "import pathlib, site; pathlib.Path(site.getsitepackages()[0], 'rosetta-common.pth')\
 		.write_text(str(pathlib.Path('packages/common/src').resolve()) + '\n')"
@@ -48,6 +52,12 @@ test: test-frameworks test-cross
 
 lint: $(VENV)/.installed
 	ruff check .
+
+# Fails, one line per stage, when the committed dvc.lock is stale: code or params changed since it was written
+# (checked in a fresh copy of this checkout without outputs, as CI sees it).
+.PHONY: lock-check
+lock-check: $(VENV)/.installed
+	python -m pipelines.lock_check
 
 locks: $(VENV)/.installed
 	python -m uv pip compile pyproject.toml --generate-hashes --python-version 3.11 \

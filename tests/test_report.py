@@ -17,6 +17,13 @@ import numpy as np
 import pytest
 import yaml
 from matplotlib.image import imread
+
+from pipelines import paths
+from pipelines.report.analysis import shortfall
+from pipelines.report.onnx_summary import summarize
+from pipelines.report.render import MEASUREMENTS_JS, MEASUREMENTS_TITLE
+from pipelines.report.sources import extract
+from pipelines.stages.report import build, main
 from report_fixtures import (
     FAILING,
     FRAMEWORKS,
@@ -29,13 +36,6 @@ from report_fixtures import (
     make_artifacts,
     make_measurements,
 )
-
-from pipelines import paths
-from pipelines.report.analysis import shortfall
-from pipelines.report.onnx_summary import summarize
-from pipelines.report.render import MEASUREMENTS_JS, MEASUREMENTS_TITLE
-from pipelines.report.sources import extract
-from pipelines.stages.report import build, main
 
 SECTIONS = ["verdict", "runs", "loss", "parity", "onnx", "measurements", "sources", "environment", "checks"]
 ABSENT = "No measurements here: measurements/timings.js is absent."

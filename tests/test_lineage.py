@@ -1,0 +1,172 @@
+"""Byte-reproducible lineage, for real, on copies of the session's finished TINY run (conftest.py's
+`tiny_pipeline`; nothing here changes it):
+
+- rerunning every stage (`dvc repro -f`) changes no hash in dvc.lock;
+- a run pushed to a DVC remote and pulled into a fresh clone is complete there: `dvc status` clean, `dvc repro`
+  runs nothing, the report and reports/validation.json are present;
+- `dvc repro` SIGKILLed (its whole process group) five times at different moments, then run to the end, gives
+  the same output hashes as the uninterrupted run;
+- `python -m pipelines.lock_check` (`make lock-check`) fails, naming the stage, when code or params changed
+  since dvc.lock was written, and passes on this checkout (its committed dvc.lock) and on a finished run.
+
+Slow (two full TINY runs besides the session's). Every DVC command runs in the orchestrator's environment with
+the checkout's framework environments (ROSETTA_ENVS_DIR), as the fixture's own run does.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lineage_support import (
+    GIT,
+    Kill,
+    copy_run,
+    differences,
+    lock_hashes,
+    read_lock,
+    recover,
+    repro_and_kill,
+)
+from pipelines.lock_check import pipeline_stages
+from support import REPO, TinyRun, orchestrator_env, ran_stages, sh
+
+# Five moments, keyed to what `dvc repro` prints, so that each lands inside a stage whatever the machine's
+# speed. A rerun resumes where the last one stopped, so "the first train_export of this run" is a later stage
+# each time (or the same one again, when the kill came before DVC recorded it).
+KILLS = [
+    Kill("a train_export stage starting (interpreter, framework import)", r"Running stage 'train_export@", 1, 2.0),
+    Kill("a train_export stage training", r"Running stage 'train_export@", 1, 9.0),
+    Kill("a stage's command just ended: DVC hashing and caching its outputs", r"^train_export: ", 1, 0.0),
+    Kill("DVC writing dvc.lock", r"Updating lock file", 1, 0.05),
+    Kill("the second train_export stage of the run, exporting", r"Running stage 'train_export@", 2, 15.0),
+]
+
+
+def test_forced_rerun_changes_no_hash(tiny_pipeline: TinyRun, tmp_path: Path) -> None:
+    root = copy_run(tiny_pipeline.root, tmp_path / "repo")
+    kinds = ("deps", "outs")
+    before = lock_hashes(root, kinds)
+    result = sh(["dvc", "repro", "-f"], root, tiny_pipeline.env)
+    assert ran_stages(result.stdout) == set(pipeline_stages(root)), "dvc repro -f must run every stage"
+    changed = differences(before, lock_hashes(root, kinds))
+    assert not changed, "dvc repro -f changed these hashes in dvc.lock:\n" + "\n".join(changed)
+
+
+def test_pushed_run_pulls_complete_into_a_fresh_clone(tiny_pipeline: TinyRun, tmp_path: Path) -> None:
+    env = tiny_pipeline.env
+    origin = copy_run(tiny_pipeline.root, tmp_path / "origin")
+    sh([*GIT, "add", "-A"], origin, env)  # dvc.lock, and any .gitignore DVC wrote
+    sh([*GIT, "commit", "-qm", "a finished run", "--allow-empty"], origin, env)
+    remote = tmp_path / "remote"
+    remote.mkdir()
+    sh(["dvc", "remote", "add", "-d", "tmpremote", str(remote)], origin, env)
+    sh([*GIT, "add", ".dvc/config"], origin, env)
+    sh([*GIT, "commit", "-qm", "a DVC remote"], origin, env)
+    sh(["dvc", "push"], origin, env)
+
+    clone = tmp_path / "clone"
+    sh(["git", "clone", "-q", str(origin), str(clone)], tmp_path, env)
+    assert not (clone / "reports").exists() and not (clone / ".dvc/cache").exists()
+    sh(["dvc", "pull"], clone, env)
+    status = sh(["dvc", "status", "--json"], clone, env)
+    assert json.loads(status.stdout or "{}") == {}, status.stdout
+    result = sh(["dvc", "repro"], clone, env)
+    assert ran_stages(result.stdout) == set(), result.stdout[-4000:]
+    for path in ("reports/comparison/report.html", "reports/validation.json"):
+        assert (clone / path).is_file(), path
+    assert json.loads((clone / "reports/validation.json").read_text())["passed"] is True
+    assert not (clone / "measurements").exists(), "measurements are not lineage: they must not travel"
+
+
+def test_killed_repro_resumes_to_the_same_hashes(tiny_pipeline: TinyRun, tmp_path: Path) -> None:
+    """A fresh copy of the same files the fixture ran on (a git clone of its first commit, which copy_repo made
+    with TINY params): killed five times, then run to the end."""
+    env = tiny_pipeline.env
+    root = tmp_path / "repo"
+    sh(["git", "clone", "-q", str(tiny_pipeline.root), str(root)], tmp_path, env)
+    events, recoveries = [], []
+    for kill in KILLS:
+        event = repro_and_kill(root, env, kill)
+        events.append(event)
+        recoveries += recover(root, env, event)
+    log = "\n".join(f"kill {i}: {e.moment}: killed={e.killed} after {e.seconds}s in {e.stage}, dvc.lock valid: "
+                    f"{e.lock_parsed}, rwlock entries left: {e.rwlock_entries}" for i, e in enumerate(events, 1))
+    print(log, *recoveries, sep="\n")
+    assert all(e.killed for e in events), f"a run ended before its kill:\n{log}"
+
+    final = sh(["dvc", "repro"], root, env)
+    print("after the kills, dvc repro ran:", sorted(ran_stages(final.stdout)))
+    print("and said:", [line for line in (final.stdout + final.stderr).splitlines() if "had been killed" in line])
+    status = sh(["dvc", "status", "--json"], root, env)
+    assert json.loads(status.stdout or "{}") == {}, status.stdout
+
+    expected, got = lock_hashes(tiny_pipeline.root), lock_hashes(root)
+    changed = differences(expected, got)
+    deps = differences(lock_hashes(tiny_pipeline.root, ("deps",)), lock_hashes(root, ("deps",)))
+    assert not changed, (
+        "outputs whose md5 differs from the uninterrupted run's dvc.lock:\n" + "\n".join(changed)
+        + ("\n(dependencies differ too, so the fixture's copy was edited since its run:\n" + "\n".join(deps) + ")"
+           if deps else "") + f"\n{log}"
+    )
+
+
+def lock_check(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pipelines.lock_check", *args], cwd=REPO, env=orchestrator_env(),
+                          capture_output=True, text=True, check=False)
+
+
+def test_committed_lock_is_in_step_with_code_and_params() -> None:
+    """This checkout (its real params, not TINY), copied without outputs, as CI sees it."""
+    result = lock_check()
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.fixture(scope="module")
+def regenerated_run(tiny_pipeline: TinyRun, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the finished run whose dvc.lock is regenerated from scratch (`rm dvc.lock && dvc repro`, what
+    regenerating a lock means): the run cache restores every stage, none runs, and entries that dvc.lock inherited
+    for stages dvc.yaml no longer has are gone."""
+    root = copy_run(tiny_pipeline.root, tmp_path_factory.mktemp("lock-check") / "repo")
+    (root / "dvc.lock").unlink()
+    result = sh(["dvc", "repro"], root, tiny_pipeline.env)
+    assert ran_stages(result.stdout) == set(), "the run cache should restore every stage"
+    assert set(read_lock(root)) == set(pipeline_stages(root))
+    return root
+
+
+def test_lock_check_passes_on_a_finished_run(regenerated_run: Path) -> None:
+    root = regenerated_run
+    for mode in ([], ["--in-place"]):
+        result = lock_check("--repo", str(root), *mode)
+        assert result.returncode == 0, f"lock_check {' '.join(mode)}:\n{result.stderr}"
+
+
+def stale_stages(stderr: str) -> dict[str, str]:
+    return dict(line.strip().split(": ", 1) for line in stderr.splitlines()[1:] if ": " in line)
+
+
+def test_lock_check_names_the_stage_whose_code_changed(regenerated_run: Path, tmp_path: Path) -> None:
+    root = copy_run(regenerated_run, tmp_path / "repo")
+    code = root / "pipelines/stages/validate.py"
+    code.write_text(code.read_text() + "\n# an edit\n")
+    result = lock_check("--repo", str(root))
+    assert result.returncode != 0
+    assert stale_stages(result.stderr) == {"validate": "pipelines/stages/validate.py (modified)"}, result.stderr
+
+
+def test_lock_check_names_the_stages_whose_params_changed(regenerated_run: Path, tmp_path: Path) -> None:
+    root = copy_run(regenerated_run, tmp_path / "repo")
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["tolerances"]["onnx_vs_native_abs"] *= 2
+    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    result = lock_check("--repo", str(root))
+    assert result.returncode != 0
+    stale = stale_stages(result.stderr)
+    assert set(stale) == {"validate", "report"}, result.stderr
+    assert all("tolerances" in problems for problems in stale.values()), result.stderr
