@@ -183,7 +183,10 @@ def test_stage_environment_inside(monkeypatch):
     assert paths == [str(REPO / "packages/common/src"), str(REPO / "packages/torch_impl/src"), str(REPO)]
     assert inside["TF_DETERMINISTIC_OPS"] == "1" and inside["PYTHONHASHSEED"] == "0"
     assert inside["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
-    assert inside["XLA_FLAGS"] == "--xla_cpu_enable_fast_math=false"
+    # The host's XLA flags pass through; the runner adds the pinned thread count (pipelines/environments.py).
+    assert inside["XLA_FLAGS"].startswith("--xla_cpu_enable_fast_math=false ")
+    assert "intra_op_parallelism_threads=2" in inside["XLA_FLAGS"]
+    assert inside["OMP_NUM_THREADS"] == inside["TF_NUM_INTRAOP_THREADS"] == inside["ROSETTA_THREADS"] == "2"
     assert inside["HOME"] == "/tmp" and inside["ROSETTA_ENV"] == "torch" and inside["ROSETTA_VARIANT"] == "cpu"
     for host_only in ("PATH", "VIRTUAL_ENV", "ROSETTA_ENVS_DIR", "ROSETTA_RUNTIME", "SOME_TOKEN"):
         assert host_only not in inside
