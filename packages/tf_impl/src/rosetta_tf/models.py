@@ -22,6 +22,7 @@ from keras import layers, ops
 from rosetta_common.onnx_conventions import INPUT_NAME
 from rosetta_common.spec import AttentionSpec, CNNSpec, MLPSpec, ModelConfig
 from rosetta_common.weights import Weights
+from rosetta_tf import weights as _weights
 
 PACKAGE = "rosetta_tf"  # registration namespace: load_model(safe_mode=True) finds our layers by it
 
@@ -152,7 +153,7 @@ def attention(settings: AttentionSpec, image_shape: tuple[int, int], num_classes
 
 
 BUILDERS = {"mlp": mlp, "cnn": cnn, "attention": attention}
-CONFIG_ATTR = "rosetta_config"  # the attribute a model keeps its ModelConfig under
+CONFIG_ATTR = _weights.CONFIG_ATTR  # the attribute a model keeps its ModelConfig under
 
 
 def attach_config(model: keras.Model, config: ModelConfig) -> keras.Model:
@@ -173,10 +174,9 @@ def build(config: ModelConfig, weights: Weights) -> keras.Model:
     Keras has no persistent train/eval mode: predict() and the exports call the model with training=False,
     and only fit() runs it with training=True.
     """
-    from rosetta_tf.weights import from_canonical  # weights.py imports this module
 
     model = create(config)
-    from_canonical(model, weights)
+    _weights.from_canonical(model, weights)
     return model
 
 

@@ -12,13 +12,24 @@ from collections.abc import Mapping
 import keras
 import numpy as np
 
+from rosetta_common.spec import ModelConfig
 from rosetta_common.weights import Weights, canonical_shapes, check_weights
-from rosetta_tf.models import model_config
+
+CONFIG_ATTR = "rosetta_config"  # where models.build records the model's ModelConfig
+
+
+def _config(model: keras.Model) -> ModelConfig:
+    """The ModelConfig models.build attached (read here, not imported from models.py, so that models.py can
+    import this module at the top without an import cycle)."""
+    config = getattr(model, CONFIG_ATTR, None)
+    if not isinstance(config, ModelConfig):
+        raise ValueError(f"Keras model {model.name!r} has no Rosetta ModelConfig: make it with rosetta_tf.build")
+    return config
 
 
 def keras_variables(model: keras.Model) -> dict[str, keras.Variable]:
     """Canonical name -> the model's variable, in canonical order (rosetta_common.weights.canonical_shapes)."""
-    config = model_config(model)
+    config = _config(model)
     found: dict[str, keras.Variable] = {}
     if config.arch in ("mlp", "cnn"):
         for name in ("hidden", "head") if config.arch == "mlp" else ("conv1", "conv2", "head"):
@@ -54,7 +65,7 @@ def keras_variables(model: keras.Model) -> dict[str, keras.Variable]:
 
 def from_canonical(model: keras.Model, weights: Mapping[str, np.ndarray]) -> None:
     """Assign canonical weights to the model's variables (copies); WeightsError unless they fit its config."""
-    config = model_config(model)
+    config = _config(model)
     check_weights(weights, config, source=f"{config.arch} weights")
     for name, variable in keras_variables(model).items():
         variable.assign(np.asarray(weights[name], dtype=np.float32))

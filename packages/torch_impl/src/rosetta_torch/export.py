@@ -169,18 +169,16 @@ def export_onnx(model: nn.Module, path: Path, example: np.ndarray) -> None:
     one file (weights inside, no external .data file to lose), written atomically."""
     import onnx  # only exports need it
 
-    from rosetta_torch import FRAMEWORK  # imported here: the package's __init__ imports this module
-
     twin = _cpu_copy(model)
     try:
         with _quiet_exporter():
             program = torch.onnx.export(
                 twin, _example(example), dynamo=True, dynamic_shapes=_dynamic_batch(),
-                input_names=[INPUT_NAME], output_names=[OUTPUT_NAME], opset_version=OPSETS[FRAMEWORK],
+                input_names=[INPUT_NAME], output_names=[OUTPUT_NAME], opset_version=OPSETS["torch"],
                 external_data=False, verbose=False,
             )
     except Exception as error:  # the exporter wraps its failures in several types
         raise ExportError(f"torch.onnx.export of {twin.config.arch}: {one_line(str(error))}") from error
-    proto = conform(program.model_proto, FRAMEWORK)
+    proto = conform(program.model_proto, "torch")
     with atomic_path(path) as tmp:
         onnx.save(proto, str(tmp))

@@ -1,0 +1,25 @@
+"""Each framework's idiomatic training loop, the yardstick benchmarks/train_throughput.py holds our train() to.
+
+One module per framework (`torch`, `tf`, `jax`), each with the same three names:
+
+- `train(model, data, batch_size, optimizer, epochs, seed, variant=None) -> LoopRun`: train `model` (the very
+  model our `build()` returns) in place the way that framework's own tutorials do, timing each epoch;
+- `TRICKS`: {name: what it does}: speed-ups our train() does not use, most because they change the numbers
+  the frameworks must agree on or hide per-step losses (each says which); `variant=name` adds one to the loop;
+- `PARITY`: {name: what it does}: the idiomatic loop made to do one thing parity requires of our train()
+  (e.g. torch's Adam formula); `variant=name` measures what that one requirement costs.
+
+Imported only inside that framework's environment (through the runner): nothing here imports a framework at
+package level.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class LoopRun:
+    epoch_seconds: list[float]  # wall time of each epoch, the first one holding tracing/compilation
+    samples_per_epoch: int  # samples actually trained on per epoch (a loop that keeps the last partial batch counts it)
+    epoch_losses: list[float] = field(default_factory=list)  # mean training loss per epoch: a sanity figure

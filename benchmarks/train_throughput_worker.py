@@ -1,0 +1,104 @@
+"""The in-framework half of benchmarks/train_throughput.py: one process of one framework's environment times our
+train() and that framework's idiomatic loop (benchmarks/idiomatic/<framework>.py) side by side.
+
+    python -m pipelines.runner torch -- python -m benchmarks.train_throughput_worker JOB.json RESULT.json
+
+JOB.json (written by train_throughput.py) names the framework, the cases (scale, model, epochs, training
+samples, the prepared data's folder), the repeats and the tricks to measure. For each case and repeat, each
+variant starts from a fresh `build(config, init)` (the same canonical init weights, the same data, batch size
+and optimizer settings) and trains for the case's epochs:
+
+- `ours`: the package's contract `train(model, plan, data)`, its epochs read from TrainResult.epoch_seconds;
+- `idiomatic`: benchmarks/idiomatic/<framework>.train on the same model;
+- with tricks requested, one variant per entry of the loop's TRICKS and PARITY: the idiomatic loop with one
+  speed-up our train() does not use, or with one thing parity requires of it.
+
+The variants run one after the other within a repeat, in an order that is reversed every other repeat, so that
+the machine's load falls on both alike. Only raw epoch times go to RESULT.json; the parent summarizes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import importlib
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from rosetta_common.data import Dataset, load_prepared
+from rosetta_common.interface import load_backend
+from rosetta_common.spec import ModelConfig, load_spec
+from rosetta_common.training import plan
+from rosetta_common.weights import init_weights
+
+
+def subset(data: Dataset, samples: int | None) -> Dataset:
+    """The first `samples` training images (the prepared split is already shuffled by the seed), or all."""
+    if samples is None or samples >= len(data.train_labels):
+        return data
+    return dataclasses.replace(data, train_images=data.train_images[:samples], train_labels=data.train_labels[:samples])
+
+
+def run_case(backend: Any, idiomatic: Any, spec: Any, case: dict[str, Any], repeats: int, extra: list[str]
+             ) -> dict[str, Any]:
+    data = subset(load_prepared(case["data"]), case.get("train_samples"))
+    config = ModelConfig.of(spec, case["model"], data.image_shape, data.num_classes)
+    init = init_weights(config, spec.seed)
+    train_plan = dataclasses.replace(plan(spec, case["model"], len(data.train_labels)), epochs=case["epochs"])
+    variants = ["ours", "idiomatic", *extra]
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
+    for repeat in range(repeats):
+        for position, name in enumerate(variants if repeat % 2 == 0 else variants[::-1]):
+            model = backend.build(config, init)
+            gc.collect()
+            started = time.perf_counter()
+            if name == "ours":
+                result = backend.train(model, train_plan, data)
+                record = {"epoch_seconds": result.epoch_seconds,
+                          "samples_per_epoch": train_plan.steps_per_epoch * train_plan.batch_size,
+                          "epoch_losses": result.epoch_losses}
+            else:
+                loop = idiomatic.train(model, data, train_plan.batch_size, train_plan.optimizer, train_plan.epochs,
+                                       spec.seed, variant=None if name == "idiomatic" else name)
+                record = dataclasses.asdict(loop)
+            record["call_seconds"] = time.perf_counter() - started  # the whole train call, set-up included
+            record["position"] = position  # 0: ran first in this repeat
+            runs[name].append(record)
+            del model
+            print(f"  {backend.FRAMEWORK} {case['scale']} {case['model']} repeat {repeat + 1}/{repeats} {name}: "
+                  f"epochs {', '.join(f'{s:.2f}' for s in record['epoch_seconds'])} s", file=sys.stderr, flush=True)
+    return {**case, "train_samples": len(data.train_labels), "batch_size": train_plan.batch_size,
+            "optimizer": train_plan.describe(), "runs": runs}
+
+
+def main(argv: list[str]) -> int:
+    job_path, result_path = (Path(a) for a in argv)
+    job = json.loads(job_path.read_text())
+    framework = job["framework"]
+    spec = load_spec(job["params"])
+    started = time.perf_counter()
+    backend = load_backend(framework)
+    backend.configure(spec.seed)  # deterministic mode, as in the pipeline; it holds for both loops alike
+    idiomatic = importlib.import_module(f"benchmarks.idiomatic.{framework}")
+    import_seconds = time.perf_counter() - started
+    variants = [*idiomatic.TRICKS, *idiomatic.PARITY] if job["tricks"] else []
+    cases = [run_case(backend, idiomatic, spec, case, job["repeats"], variants) for case in job["cases"]]
+    Path(result_path).write_text(json.dumps({
+        "framework": framework, "import_seconds": import_seconds, "tricks": idiomatic.TRICKS,
+        "parity": idiomatic.PARITY, "measured_variants": variants, "cases": cases,
+        "environment": environment(framework),
+    }, indent=1))
+    return 0
+
+
+def environment(framework: str) -> dict[str, Any]:
+    from benchmarks import latency
+
+    return {"threads": latency.framework_threads(framework), "cores": latency.available_cores()}
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
