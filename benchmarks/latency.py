@@ -16,7 +16,7 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -130,18 +130,6 @@ def measure(
     native: Predict, onnx: Predict, images: np.ndarray, settings: Settings = Settings()
 ) -> list[dict[str, Any]]:
     return [measure_batch(native, onnx, batch_of(images, size), settings) for size in settings.batch_sizes]
-
-
-def versions(names: Sequence[str]) -> dict[str, str]:
-    from importlib import metadata
-
-    found = {}
-    for name in names:
-        try:
-            found[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-    return found
 
 
 def environment(framework_threads_: dict[str, Any], ort_threads: int) -> dict[str, Any]:
