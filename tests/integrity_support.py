@@ -4,7 +4,6 @@ runs them, fingerprints of every lineage output, and the one-line error a failed
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 import sys
 from pathlib import Path
@@ -70,8 +69,3 @@ def env_without(env: dict[str, str], *names: str) -> dict[str, str]:
     return {k: v for k, v in env.items() if k not in names}
 
 
-def replace_file(path: Path, data: bytes) -> None:
-    """Write by rename, never through the old file (DVC could have linked a workspace file to its cache)."""
-    tmp = path.with_name(f".{path.name}.edit")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)

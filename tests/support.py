@@ -10,7 +10,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import yaml
 
@@ -107,3 +107,42 @@ def run_tiny_pipeline(root: Path) -> TinyRun:
     copy_repo(root, env)
     first = sh(["dvc", "repro"], root, env)
     return TinyRun(root, env, first.stdout + first.stderr)
+
+
+def replace_file(path: Path, data: bytes) -> None:
+    """Write by rename, never through the old file: should DVC ever link a workspace file to its cache, an edit
+    would otherwise corrupt the cache (and with it the session's shared run)."""
+    tmp = path.with_name(f".{path.name}.edit")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+class SavedEdits:
+    """Edits of a copied run for one test case: every file written or removed is saved before its first change,
+    and `restore` puts each back (or removes it, if it did not exist). Mixed into a dataclass with fields
+    `run` (anything with a `root`) and `saved`."""
+
+    run: Any
+    saved: dict[Path, bytes | None]
+
+    def keep(self, rel: str | Path) -> Path:
+        """Save a file before its first change (by us or by a stage the case runs), so `restore` brings it back."""
+        path = self.run.root / rel
+        self.saved.setdefault(path, path.read_bytes() if path.is_file() else None)
+        return path
+
+    def write(self, rel: str | Path, data: bytes) -> None:
+        path = self.keep(rel)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        replace_file(path, data)
+
+    def remove(self, rel: str | Path) -> None:
+        self.keep(rel).unlink()
+
+    def restore(self) -> None:
+        for path, data in self.saved.items():
+            if data is None:
+                path.unlink(missing_ok=True)
+            else:
+                replace_file(path, data)
+        self.saved.clear()

@@ -35,12 +35,11 @@ from integrity_support import (
     init,
     leftovers,
     message_lines,
-    replace_file,
     scratch,
     train_export,
 )
 from rosetta_common.data import IDX_FILES, check_dataset, load_idx_folder, load_prepared, write_idx
-from support import TinyRun, sh
+from support import SavedEdits, TinyRun, sh
 
 IDX_DIR = "idx"  # a valid IDX folder made from the prepared data; each IDX case damages one file of it
 REPORT = "reports/validation.json"
@@ -53,7 +52,7 @@ class Run:
 
 
 @dataclass
-class Workspace:
+class Workspace(SavedEdits):
     """One case's edits of the copy: every file written or removed is saved first and put back by `restore`."""
 
     run: Run
@@ -62,20 +61,6 @@ class Workspace:
     def path(self, rel: str | Path) -> Path:
         return self.run.root / rel
 
-    def _save(self, path: Path) -> None:
-        self.saved.setdefault(path, path.read_bytes() if path.is_file() else None)
-
-    def write(self, rel: str | Path, data: bytes) -> None:
-        path = self.path(rel)
-        self._save(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        replace_file(path, data)
-
-    def remove(self, rel: str | Path) -> None:
-        path = self.path(rel)
-        self._save(path)
-        path.unlink()
-
     def params(self) -> dict[str, Any]:
         return yaml.safe_load(self.path("params.yaml").read_text())
 
@@ -83,14 +68,6 @@ class Workspace:
         params = self.params()
         change(params)
         self.write("params.yaml", yaml.safe_dump(params, sort_keys=False).encode())
-
-    def restore(self) -> None:
-        for path, data in self.saved.items():
-            if data is None:
-                path.unlink(missing_ok=True)
-            else:
-                replace_file(path, data)
-        self.saved.clear()
 
 
 # ---- damage, by class of input -------------------------------------------------------------------------------
@@ -382,7 +359,7 @@ def test_bad_input_is_one_line(workspace: Workspace, bad: Case) -> None:
 @pytest.mark.parametrize(("damage", "expect"), FAILED_CASES)
 def test_damaged_export_fails_its_check(workspace: Workspace, damage: Damage, expect: str) -> None:
     damage(workspace)
-    workspace._save(workspace.path(REPORT))  # validate rewrites its report; it goes back afterwards
+    workspace.keep(REPORT)  # validate rewrites its report; it goes back afterwards
     result, output = run_stage(workspace, VALIDATE, {})
     assert result.returncode != 0, output
     assert "Traceback" not in result.stderr, output

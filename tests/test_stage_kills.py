@@ -26,8 +26,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from integrity_support import VALIDATE, fingerprint, leftovers, replace_file, train_export, tree
-from support import TinyRun, ran_stages, sh
+from integrity_support import VALIDATE, fingerprint, leftovers, train_export, tree
+from support import TinyRun, ran_stages, replace_file, sh
 
 RUN = "artifacts/mlp/jax"  # the run folder the direct kills target (jax starts fastest)
 

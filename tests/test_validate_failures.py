@@ -21,7 +21,6 @@ from __future__ import annotations
 import io
 import json
 import math
-import os
 import re
 import shutil
 from collections.abc import Callable, Iterator
@@ -42,7 +41,7 @@ from pipelines import paths
 from rosetta_common.data import Dataset, load_prepared
 from rosetta_common.io import sha256
 from rosetta_common.metrics import softmax_cross_entropy
-from support import VALIDATE, TinyRun, sh
+from support import VALIDATE, SavedEdits, TinyRun, sh
 
 Side = Literal["beyond", "inside"]
 Key = tuple[str, str, str]  # (model, framework or "a|b" pair, check), as in reports/validation.json
@@ -51,14 +50,6 @@ REPORT = "reports/validation.json"
 
 def key(row: dict[str, Any]) -> Key:
     return row["model"], row["framework"], row["check"]
-
-
-def replace_file(path: Path, data: bytes) -> None:
-    """Write by rename, never through the old file: should DVC ever link a workspace file to its cache, an edit
-    would otherwise corrupt the cache (and with it the session's shared run)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
 
 
 @dataclass(frozen=True)
@@ -71,7 +62,7 @@ class FinishedRun:
 
 
 @dataclass
-class Workspace:
+class Workspace(SavedEdits):
     """One case's view of the copy: every write saves the original first, and `restore` puts it back."""
 
     run: FinishedRun
@@ -87,16 +78,6 @@ class Workspace:
             for (m, f, c), r in self.run.baseline.items()
             if m == model and c == check and (framework is None or framework in f.split("|"))
         ]
-
-    def write(self, rel: str | Path, data: bytes) -> None:
-        path = self.run.root / rel
-        self.saved.setdefault(path, path.read_bytes() if path.exists() else None)
-        replace_file(path, data)
-
-    def remove(self, rel: str | Path) -> None:
-        path = self.run.root / rel
-        self.saved.setdefault(path, path.read_bytes())
-        path.unlink()
 
     def read_json(self, rel: str | Path) -> Any:
         return json.loads((self.run.root / rel).read_text())
@@ -126,13 +107,6 @@ class Workspace:
         np.savez(buffer, **arrays)
         self.write(rel, buffer.getvalue())
 
-    def restore(self) -> None:
-        for path, data in self.saved.items():
-            if data is None:
-                path.unlink(missing_ok=True)
-            else:
-                replace_file(path, data)
-        self.saved.clear()
 
 
 def rehash(ws: Workspace, run_dir: Path) -> None:
