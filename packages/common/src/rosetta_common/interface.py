@@ -8,6 +8,10 @@ As Keras 3 keeps one interface above `backend/{jax,tensorflow,torch}/`, `rosetta
 - `models.predict(model, images) -> logits`: float32 (batch, classes) for float32 images (batch, height,
   width) in [0, 1];
 - `models.model_config(model) -> ModelConfig`: the validated config the model was built from;
+- `models.forward_train(model, images, dropout_mask) -> logits`: one forward in training mode, as a training
+  step runs it (no gradient): BatchNorm normalizes with the batch's statistics and updates its running
+  statistics in place (rosetta_common.spec.ResNetSpec's convention), dropout multiplies by `dropout_mask`
+  (rosetta_common.training.dropout_masks; None: no dropout); the model is back in inference mode after;
 - `weights.from_canonical(model, weights) -> None`: assign canonical weights (names and shapes checked:
   WeightsError);
 - `weights.to_canonical(model) -> Weights`: the weights in canonical names, order and layout (exact inverse);
@@ -47,7 +51,7 @@ BACKEND_MODULES = {"torch": "rosetta_torch", "tf": "rosetta_tf", "jax": "rosetta
 
 # Module -> the functions it must define (not merely import), in the contract's order.
 CONTRACT: dict[str, tuple[str, ...]] = {
-    "models": ("build", "predict", "model_config"),
+    "models": ("build", "predict", "model_config", "forward_train"),
     "weights": ("from_canonical", "to_canonical"),
     "train": ("configure", "make_optimizer", "apply_optimizer", "train"),
     "export": ("export_native", "load_native", "export_onnx"),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 
@@ -29,3 +31,20 @@ def relative_diff(a: np.ndarray | float, b: np.ndarray | float) -> np.ndarray:
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     scale = np.maximum(np.abs(a), np.abs(b))
     return np.divide(np.abs(a - b), scale, out=np.zeros_like(scale), where=scale > 0)
+
+
+def inference_mode_problems(predict: Callable[[np.ndarray], np.ndarray], images: np.ndarray,
+                            atol: float) -> list[str]:
+    """What shows that a model runs in training mode, from its outputs alone (so it judges an ONNX file or a
+    native export the same way): dropout makes two runs on the same images differ; BatchNorm on batch
+    statistics makes an image's logits depend on the rest of its batch. Empty when neither shows.
+    `images` needs at least 4 images that differ."""
+    problems = []
+    first, second = predict(images), predict(images)
+    if (run_diff := max_abs_diff(first, second)) > atol:
+        problems.append(f"two runs on the same images differ by {run_diff:.3g} (dropout active?)")
+    alone = np.concatenate([predict(images[i:i + 1]) for i in range(min(len(images), 4))])
+    if (batch_diff := max_abs_diff(alone, first[: len(alone)])) > atol:
+        problems.append(f"an image's logits change by {batch_diff:.3g} with the rest of its batch "
+                        "(batch statistics in use?)")
+    return problems

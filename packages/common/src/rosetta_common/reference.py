@@ -34,14 +34,98 @@ def conv3x3_same(x: np.ndarray, kernel: np.ndarray, bias: np.ndarray) -> np.ndar
     return np.einsum("bhwcij,ijco->bhwo", windows, kernel) + bias
 
 
+def same_padding(size: int, kernel: int, stride: int) -> tuple[int, int]:
+    """TensorFlow's "same" padding (Keras and Flax use it): ceil(size / stride) outputs; when the padding is
+    odd, the extra row or column goes after (bottom, right). torch's `padding=1` pads both sides, and torch
+    refuses padding="same" for strides above 1, so its models pad explicitly with these numbers."""
+    out = -(-size // stride)
+    total = max((out - 1) * stride + kernel - size, 0)
+    return total // 2, total - total // 2
+
+
+def conv2d(x: np.ndarray, kernel: np.ndarray, stride: int = 1, padding: str = "same") -> np.ndarray:
+    """x (B, H, W, C), kernel HWIO, no bias. padding "same" is same_padding's; "symmetric" pads (k - 1) // 2
+    on every side, as torch's `padding=1` does for a 3x3 kernel (kept to show, in tests, what it changes)."""
+    kh, kw = kernel.shape[:2]
+    if padding == "same":
+        pads = (same_padding(x.shape[1], kh, stride), same_padding(x.shape[2], kw, stride))
+    else:
+        pads = (((kh - 1) // 2,) * 2, ((kw - 1) // 2,) * 2)
+    padded = np.pad(x, ((0, 0), pads[0], pads[1], (0, 0)))
+    windows = np.lib.stride_tricks.sliding_window_view(padded, (kh, kw), axis=(1, 2))[:, ::stride, ::stride]
+    return np.einsum("bhwcij,ijco->bhwo", windows, kernel)
+
+
+def batch_norm(x: np.ndarray, w: Mapping[str, np.ndarray], prefix: str, momentum: float, eps: float,
+               training: bool, statistics: dict[str, np.ndarray]) -> np.ndarray:
+    """BatchNorm over every axis but the last. Inference: the running statistics. Training: the batch's mean
+    and biased variance normalize, and the running statistics move by rosetta_common.spec.ResNetSpec's
+    convention (running = momentum * running + (1 - momentum) * batch); the new values go to `statistics`."""
+    mean, var = w[f"{prefix}.running_mean"], w[f"{prefix}.running_var"]
+    if training:
+        axes = tuple(range(x.ndim - 1))
+        batch_mean = x.mean(axis=axes)
+        batch_var = ((x - batch_mean) ** 2).mean(axis=axes)  # biased
+        statistics[f"{prefix}.running_mean"] = momentum * mean + (1 - momentum) * batch_mean
+        statistics[f"{prefix}.running_var"] = momentum * var + (1 - momentum) * batch_var
+        mean, var = batch_mean, batch_var
+    return (x - mean) / np.sqrt(var + eps) * w[f"{prefix}.scale"] + w[f"{prefix}.bias"]
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def lstm_last_hidden(x: np.ndarray, w: Mapping[str, np.ndarray]) -> np.ndarray:
+    """x (B, T, in) -> the last hidden state; gates i, f, g, o; one bias."""
+    hidden = w["lstm.recurrent_kernel"].shape[0]
+    h = c = np.zeros((x.shape[0], hidden))
+    for t in range(x.shape[1]):
+        z = x[:, t] @ w["lstm.kernel"] + h @ w["lstm.recurrent_kernel"] + w["lstm.bias"]
+        i, f, g, o = np.split(z, 4, axis=-1)
+        c = sigmoid(f) * c + sigmoid(i) * np.tanh(g)
+        h = sigmoid(o) * np.tanh(c)
+    return h
+
+
+def gru_last_hidden(x: np.ndarray, w: Mapping[str, np.ndarray]) -> np.ndarray:
+    """x (B, T, in) -> the last hidden state; torch's formula (Keras' reset_after=True), gates r, z, n."""
+    hidden = w["gru.recurrent_kernel"].shape[0]
+    h = np.zeros((x.shape[0], hidden))
+    for t in range(x.shape[1]):
+        xr, xz, xn = np.split(x[:, t] @ w["gru.kernel"] + w["gru.input_bias"], 3, axis=-1)
+        hr, hz, hn = np.split(h @ w["gru.recurrent_kernel"] + w["gru.recurrent_bias"], 3, axis=-1)
+        r, z = sigmoid(xr + hr), sigmoid(xz + hz)
+        n = np.tanh(xn + r * hn)
+        h = (1 - z) * n + z * h
+    return h
+
+
 def max_pool2x2(x: np.ndarray) -> np.ndarray:
     b, h, w, c = x.shape
     h2, w2 = h // 2, w // 2
     return x[:, : h2 * 2, : w2 * 2].reshape(b, h2, 2, w2, 2, c).max(axis=(2, 4))
 
 
-def forward(config: ModelConfig, weights: Mapping[str, np.ndarray], images: np.ndarray) -> np.ndarray:
-    """Logits in float64 for images (batch, height, width), from canonical weights."""
+def forward(config: ModelConfig, weights: Mapping[str, np.ndarray], images: np.ndarray,
+            padding: str = "same") -> np.ndarray:
+    """Logits in float64 for images (batch, height, width), from canonical weights, in inference mode
+    (BatchNorm uses its running statistics, no dropout). `padding` is conv2d's (tests plant "symmetric")."""
+    return _forward(config, weights, images, False, None, {}, padding)
+
+
+def forward_train(config: ModelConfig, weights: Mapping[str, np.ndarray], images: np.ndarray,
+                  dropout_mask: np.ndarray | None = None) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """One training-mode forward: BatchNorm normalizes with the batch's statistics, dropout multiplies by
+    `dropout_mask` (rosetta_common.training.dropout_masks: 0 or 1 / (1 - rate); None: no dropout). Returns
+    the logits and the updated running statistics (empty for models without BatchNorm)."""
+    statistics: dict[str, np.ndarray] = {}
+    logits = _forward(config, weights, images, True, dropout_mask, statistics, "same")
+    return logits, statistics
+
+
+def _forward(config: ModelConfig, weights: Mapping[str, np.ndarray], images: np.ndarray, training: bool,
+             dropout_mask: np.ndarray | None, statistics: dict[str, np.ndarray], padding: str) -> np.ndarray:
     arch = config.arch
     w = {k: np.asarray(v, np.float64) for k, v in weights.items()}
     x = np.asarray(images, np.float64)
@@ -75,4 +159,23 @@ def forward(config: ModelConfig, weights: Mapping[str, np.ndarray], images: np.n
         h = h + m @ w["block.mlp.fc2.kernel"] + w["block.mlp.fc2.bias"]
         h = layer_norm(h, w["final_norm.scale"], w["final_norm.bias"], eps).mean(axis=1)
         return h @ w["head.kernel"] + w["head.bias"]
-    raise ValueError(f"architecture {arch!r} is unknown; allowed: mlp, cnn, attention")
+    if arch == "resnet":
+        r = config.settings
+
+        def conv_bn(t: np.ndarray, conv: str, bn: str, stride: int) -> np.ndarray:
+            t = conv2d(t, w[f"{conv}.kernel"], stride, padding)
+            return batch_norm(t, w, bn, r.batchnorm_momentum, r.batchnorm_epsilon, training, statistics)
+
+        h = np.maximum(conv_bn(x[..., None], "stem.conv", "stem.bn", 1), 0.0)
+        shortcut = conv_bn(h, "block.shortcut.conv", "block.shortcut.bn", 2)
+        y = np.maximum(conv_bn(h, "block.conv1", "block.bn1", 2), 0.0)
+        y = conv_bn(y, "block.conv2", "block.bn2", 1)
+        pooled = np.maximum(y + shortcut, 0.0).mean(axis=(1, 2))
+        if training and dropout_mask is not None:
+            pooled = pooled * np.asarray(dropout_mask, np.float64)
+        return pooled @ w["head.kernel"] + w["head.bias"]
+    if arch == "lstm":
+        return lstm_last_hidden(x, w) @ w["head.kernel"] + w["head.bias"]
+    if arch == "gru":
+        return gru_last_hidden(x, w) @ w["head.kernel"] + w["head.bias"]
+    raise ValueError(f"architecture {arch!r} is unknown")

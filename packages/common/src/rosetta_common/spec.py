@@ -13,7 +13,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from rosetta_common.errors import RosettaError
 
-Architecture = Literal["mlp", "cnn", "attention"]
+Architecture = Literal["mlp", "cnn", "attention", "resnet", "lstm", "gru"]
 Framework = Literal["torch", "tf", "jax"]
 ARCHITECTURES: tuple[str, ...] = get_args(Architecture)
 FRAMEWORKS: tuple[str, ...] = get_args(Framework)
@@ -74,14 +74,40 @@ class AttentionSpec(_Section):
         return self.embed_dim // self.num_heads
 
 
+class ResNetSpec(_Section):
+    stem_filters: PositiveInt = 16
+    block_filters: PositiveInt = 32
+    # Dropout before the head, training only. Its masks are drawn once, in common, from the seed
+    # (rosetta_common.training.dropout_masks), so the three frameworks drop the same units at every step.
+    dropout: Annotated[float, Field(ge=0, lt=1)] = 0.2
+    # One convention for BatchNorm, mapped to each framework's in its package:
+    # running = momentum * running + (1 - momentum) * batch statistic (Keras' and Flax's meaning; torch's
+    # `momentum` argument is 1 - this), and the running variance averages the biased batch variance, the one
+    # that normalizes the batch (Keras and Flax do; torch averages the unbiased one and is corrected).
+    batchnorm_momentum: Probability = 0.9
+    batchnorm_epsilon: PositiveFloat = 1e-5  # torch's and Flax's default (Keras' is 1e-3)
+
+
+class LSTMSpec(_Section):
+    hidden: PositiveInt = 128  # each image row is one time step; the last hidden state feeds the head
+
+
+class GRUSpec(_Section):
+    hidden: PositiveInt = 128  # torch's formula: the reset gate applies after the recurrent matmul + bias
+
+
 class ArchitectureSpec(_Section):
     mlp: MLPSpec = MLPSpec()
     cnn: CNNSpec = CNNSpec()
     attention: AttentionSpec = AttentionSpec()
+    resnet: ResNetSpec = ResNetSpec()
+    lstm: LSTMSpec = LSTMSpec()
+    gru: GRUSpec = GRUSpec()
 
 
-ArchitectureSettings = MLPSpec | CNNSpec | AttentionSpec
-_SETTINGS: dict[str, type[_Section]] = {"mlp": MLPSpec, "cnn": CNNSpec, "attention": AttentionSpec}
+ArchitectureSettings = MLPSpec | CNNSpec | AttentionSpec | ResNetSpec | LSTMSpec | GRUSpec
+_SETTINGS: dict[str, type[_Section]] = {"mlp": MLPSpec, "cnn": CNNSpec, "attention": AttentionSpec,
+                                         "resnet": ResNetSpec, "lstm": LSTMSpec, "gru": GRUSpec}
 
 
 class ModelConfig(_Section):
@@ -134,7 +160,7 @@ def _known_models(rate: Any) -> Any:
 
 class AdamSpec(_Section):
     learning_rate: Annotated[LearningRate, BeforeValidator(_known_models)] = {
-        "mlp": 3e-3, "cnn": 3e-3, "attention": 3e-4
+        "mlp": 3e-3, "cnn": 3e-3, "attention": 3e-4, "resnet": 3e-3, "lstm": 3e-3, "gru": 3e-3
     }
     beta1: Probability = 0.9
     beta2: Probability = 0.999
@@ -144,7 +170,7 @@ class AdamSpec(_Section):
 
 class SGDSpec(_Section):
     learning_rate: Annotated[LearningRate, BeforeValidator(_known_models)] = {
-        "mlp": 0.05, "cnn": 0.03, "attention": 0.005
+        "mlp": 0.05, "cnn": 0.03, "attention": 0.005, "resnet": 0.03, "lstm": 0.05, "gru": 0.05
     }
     momentum: Annotated[float, Field(ge=0, lt=1)] = 0.9
 
@@ -166,6 +192,9 @@ class QualitySpec(_Section):
         "mlp": 0.95,
         "cnn": 0.95,
         "attention": 0.93,
+        "resnet": 0.95,
+        "lstm": 0.93,
+        "gru": 0.93,
     }
 
 
@@ -192,7 +221,7 @@ class TolerancesSpec(_Section):
 class Spec(_Section):
     seed: Annotated[int, Field(ge=0)] = 0
     frameworks: list[Framework] = ["torch", "tf", "jax"]
-    models: list[Architecture] = ["mlp", "cnn", "attention"]
+    models: list[Architecture] = list(ARCHITECTURES)
     data: DataSpec = DataSpec()
     architecture: ArchitectureSpec = ArchitectureSpec()
     train: TrainSpec = TrainSpec()

@@ -21,6 +21,9 @@ def small_spec(**train: object) -> Spec:
             "mlp": {"hidden": 32},
             "cnn": {"conv1_filters": 4, "conv2_filters": 8},
             "attention": {"embed_dim": 32, "num_heads": 4, "mlp_dim": 48},
+            "resnet": {"stem_filters": 4, "block_filters": 6},
+            "lstm": {"hidden": 12},
+            "gru": {"hidden": 10},
         },
         "train": {"epochs": 2, "batch_size": 16, **train},
         # one number for every model, so the optimizer references can take spec.optimizers.* as they are

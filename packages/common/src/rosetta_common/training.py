@@ -13,7 +13,8 @@ from typing import Any
 import numpy as np
 
 from rosetta_common.data import epoch_batches
-from rosetta_common.spec import AdamSpec, SGDSpec, Spec
+from rosetta_common.seeding import derive_seed
+from rosetta_common.spec import AdamSpec, ModelConfig, SGDSpec, Spec
 
 OptimizerSpec = AdamSpec | SGDSpec
 
@@ -63,3 +64,30 @@ def plan(spec: Spec, arch: str, num_samples: int) -> TrainPlan:
     epoch_batches(num_samples, spec.train.batch_size, spec.seed, 0)  # raises SpecError if the batch is too large
     return TrainPlan(arch=arch, optimizer=optimizer, epochs=spec.train.epochs, batch_size=spec.train.batch_size,
                      seed=spec.seed, num_samples=int(num_samples))
+
+
+def dropout_features(config: ModelConfig) -> int | None:
+    """Width of the activations a model drops out during training (None: the model has no dropout)."""
+    rate = getattr(config.settings, "dropout", 0.0)
+    if not rate:
+        return None
+    if config.arch == "resnet":
+        return config.settings.block_filters  # the pooled features before the head
+    raise ValueError(f"architecture {config.arch!r} has a dropout rate but no dropout layer")
+
+
+def dropout_masks(plan: TrainPlan, config: ModelConfig) -> np.ndarray | None:
+    """Every step's dropout mask, (num_steps, batch_size, features) float32 holding 0 (dropped) or
+    1 / (1 - rate) (kept, scaled as inverted dropout scales), or None for a model without dropout.
+
+    Each framework's dropout op draws its mask from its own generator (torch's, TF's, JAX's threefry), so
+    three frameworks can never drop the same units; drawn here from the seed, and multiplied in by each
+    framework, they do, and training parity stays exact. Row s of the result is step s's mask; step s's
+    batch sample j uses row [s, j] (data-parallel workers take their slice of it)."""
+    features = dropout_features(config)
+    if features is None:
+        return None
+    rate = float(config.settings.dropout)
+    rng = np.random.default_rng(derive_seed(plan.seed, "dropout", plan.arch))
+    keep = rng.random((plan.num_steps, plan.batch_size, features)) >= rate
+    return np.where(keep, np.float32(1.0 / (1.0 - rate)), np.float32(0.0)).astype(np.float32)

@@ -9,6 +9,16 @@ framework's package (`rosetta_<fw>/weights.py`):
 - an attention image row is one token; query/key/value/out kernels are (embed, embed) and head h uses
   columns h*head_dim:(h+1)*head_dim;
 - LayerNorm parameters are `scale` and `bias`.
+- BatchNorm (resnet) keeps `scale`, `bias` and its running statistics `running_mean`, `running_var` (the
+  statistics are state, not parameters: no optimizer touches them, see `is_statistic`). Convs followed by a
+  BatchNorm have no bias. "same" padding is TensorFlow's: for stride 2 the extra row and column go at the
+  bottom and right (rosetta_common.reference.same_padding).
+- LSTM (`lstm.*`): `kernel` (in, 4h) and `recurrent_kernel` (h, 4h), gate blocks in the order input, forget,
+  cell candidate, output (torch's i, f, g, o; Keras' i, f, c, o); one `bias` (4h), the sum of torch's
+  `bias_ih` and `bias_hh` (only the sum enters the formula; torch's packages keep `bias_hh` at zero, frozen).
+- GRU (`gru.*`): `kernel` (in, 3h) and `recurrent_kernel` (h, 3h) in the order reset, update, new (torch's
+  r, z, n; Keras keeps z, r, h); `input_bias` and `recurrent_bias` (3h each), torch's formula, which Keras
+  calls reset_after=True: n = tanh(x W_n + b_in + r * (h U_n + b_hn)).
 Files are safetensors (no pickle), float32, with the architecture and the layout in the metadata (one key,
 "rosetta", holding sorted JSON, so the same tensors always give the same bytes).
 """
@@ -79,7 +89,57 @@ def canonical_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
             "head.kernel": (e, num_classes),
             "head.bias": (num_classes,),
         }
+    if arch == "resnet":
+        stem, filters = a.stem_filters, a.block_filters
+        return {
+            "stem.conv.kernel": (3, 3, 1, stem),
+            **_batchnorm("stem.bn", stem),
+            "block.conv1.kernel": (3, 3, stem, filters),
+            **_batchnorm("block.bn1", filters),
+            "block.conv2.kernel": (3, 3, filters, filters),
+            **_batchnorm("block.bn2", filters),
+            "block.shortcut.conv.kernel": (1, 1, stem, filters),
+            **_batchnorm("block.shortcut.bn", filters),
+            "head.kernel": (filters, num_classes),
+            "head.bias": (num_classes,),
+        }
+    if arch == "lstm":
+        h = a.hidden
+        return {
+            "lstm.kernel": (width, 4 * h),
+            "lstm.recurrent_kernel": (h, 4 * h),
+            "lstm.bias": (4 * h,),
+            "head.kernel": (h, num_classes),
+            "head.bias": (num_classes,),
+        }
+    if arch == "gru":
+        h = a.hidden
+        return {
+            "gru.kernel": (width, 3 * h),
+            "gru.recurrent_kernel": (h, 3 * h),
+            "gru.input_bias": (3 * h,),
+            "gru.recurrent_bias": (3 * h,),
+            "head.kernel": (h, num_classes),
+            "head.bias": (num_classes,),
+        }
     raise ValueError(f"architecture {arch!r} has no canonical layout")  # ModelConfig admits only known ones
+
+
+def _batchnorm(prefix: str, channels: int) -> dict[str, tuple[int, ...]]:
+    return {f"{prefix}.{name}": (channels,) for name in ("scale", "bias", "running_mean", "running_var")}
+
+
+STATISTICS = (".running_mean", ".running_var")
+
+
+def is_statistic(name: str) -> bool:
+    """True for BatchNorm running statistics: state updated by training-mode forwards, not by an optimizer."""
+    return name.endswith(STATISTICS)
+
+
+def trainable_names(config: ModelConfig) -> list[str]:
+    """The canonical names an optimizer updates, in canonical order."""
+    return [name for name in canonical_shapes(config) if not is_statistic(name)]
 
 
 def _glorot_limit(shape: tuple[int, ...]) -> float:
@@ -89,16 +149,16 @@ def _glorot_limit(shape: tuple[int, ...]) -> float:
 
 
 def init_weights(config: ModelConfig, seed: int) -> Weights:
-    """Deterministic initial weights: Glorot-uniform kernels, zero biases, unit norm scales,
-    N(0, 0.02) positional embeddings. Each tensor draws from its own sub-seed, so adding a parameter
+    """Deterministic initial weights: Glorot-uniform kernels (recurrent ones too), zero biases, unit norm
+    scales, N(0, 0.02) positional embeddings, running means 0 and variances 1. Each tensor draws from its own sub-seed, so adding a parameter
     never changes the others."""
     weights: Weights = {}
     for name, shape in canonical_shapes(config).items():
         rng = np.random.default_rng(derive_seed(seed, "init", config.arch, name))
-        if name.endswith(".kernel"):
+        if name.endswith("kernel"):
             limit = _glorot_limit(shape)
             value = rng.uniform(-limit, limit, size=shape)
-        elif name.endswith(".scale"):
+        elif name.endswith((".scale", ".running_var")):
             value = np.ones(shape)
         elif name == "pos_embedding":
             value = rng.normal(0.0, 0.02, size=shape)
@@ -118,6 +178,8 @@ def random_weights(shapes: Mapping[str, tuple[int, ...]], seed: int) -> Weights:
         value = rng.normal(0.0, scale, size=shape)
         if name.endswith(".scale"):
             value = 1.0 + value
+        if name.endswith(".running_var"):  # a variance: positive, and far from 1 so that it matters
+            value = rng.uniform(0.3, 2.0, size=shape)
         out[name] = value.astype(np.float32)
     return out
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from rosetta_common.errors import ArtifactError
-from rosetta_common.metrics import max_abs_diff
+from rosetta_common.metrics import inference_mode_problems, max_abs_diff
 from rosetta_common.onnx_conventions import BATCH_DIM, INPUT_NAME, OUTPUT_NAME, violations
 from rosetta_common.spec import Spec
 from rosetta_common.testing import asymmetric_weights, small_config
@@ -86,3 +86,23 @@ def test_exports_repeat_byte_for_byte_across_processes(backend: ModuleType, tmp_
         data = path.read_bytes()
         for needle in {checkout, sys.prefix, str(tmp_path)}:
             assert needle.encode() not in data, f"{path.relative_to(tmp_path)} holds {needle}"
+
+
+def test_exports_run_in_inference_mode(backend: ModuleType, arch: str, images: np.ndarray, tmp_path: Path) -> None:
+    """No dropout and no batch statistics in any export, even of a model that was just training."""
+    import onnxruntime as ort
+
+    config = small_config(arch)
+    model = backend.build(config, asymmetric_weights(config, 22))
+    backend.forward_train(model, images, None)  # a model straight out of a training step
+    backend.export_onnx(model, tmp_path / "model.onnx", images)
+    session = ort.InferenceSession(str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"])
+    runs = {name: predict for name, predict in backend.load_native(_native(backend, model, tmp_path, images)).items()}
+    runs["onnx"] = lambda x: session.run(None, {INPUT_NAME: x})[0]
+    for name, predict in runs.items():
+        assert inference_mode_problems(predict, images, TOLERANCES.native_roundtrip_abs) == [], name
+
+
+def _native(backend: ModuleType, model: object, tmp_path: Path, images: np.ndarray) -> Path:
+    backend.export_native(model, tmp_path / "native", images)
+    return tmp_path / "native"

@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 
 from rosetta_common.errors import WeightsError
-from rosetta_common.metrics import max_abs_diff
-from rosetta_common.reference import forward
-from rosetta_common.spec import Spec
-from rosetta_common.testing import asymmetric_weights, small_config
-from rosetta_common.weights import canonical_shapes
+from rosetta_common.metrics import max_abs_diff, relative_diff
+from rosetta_common.reference import forward, forward_train
+from rosetta_common.spec import ModelConfig, Spec
+from rosetta_common.testing import asymmetric_weights, small_config, small_spec
+from rosetta_common.training import dropout_features, dropout_masks, plan
+from rosetta_common.weights import Weights, canonical_shapes, is_statistic
 
 FORWARD_ABS = Spec().tolerances.forward_parity_abs  # the bound the validate stage applies between frameworks
 NON_SQUARE = (6, 10)  # height != width: a swapped axis or an assumed square image cannot pass
@@ -94,3 +95,111 @@ def test_bad_weights_give_one_line_weights_error(backend: ModuleType, arch: str,
         backend.build(small_config(arch), weights)
     message = str(raised.value)
     assert "\n" not in message and name in message, message
+
+
+STATISTICS_RTOL = 1e-5  # float32 running statistics against the float64 reference
+
+
+def _training_batch(config: ModelConfig, batch: int = 4) -> tuple[np.ndarray, np.ndarray | None]:
+    """A small batch (small, so that BatchNorm's n / (n - 1) is visible) and, for a model with dropout, one
+    step's mask from rosetta_common.training.dropout_masks."""
+    images = np.random.default_rng(12).random((batch, *config.image_shape), dtype=np.float32)
+    features = dropout_features(config)
+    if features is None:
+        return images, None
+    spec = small_spec(batch_size=batch)
+    masks = dropout_masks(plan(spec, config.arch, 4 * batch), config)
+    return images, masks[1]
+
+
+def test_training_forward_matches_float64_reference(backend: ModuleType, arch: str) -> None:
+    """Training mode as a step runs it: batch statistics, running statistics updated by the spec's convention,
+    the shared dropout mask; trainable weights untouched, and the model back in inference mode."""
+    config = small_config(arch, NON_SQUARE)
+    weights = asymmetric_weights(config, 13)
+    images, mask = _training_batch(config)
+    model = backend.build(config, weights)
+    logits = backend.forward_train(model, images, mask)
+    expected, statistics = forward_train(config, weights, images, mask)
+    assert max_abs_diff(logits, expected) <= FORWARD_ABS
+    after = backend.to_canonical(model)
+    for name in canonical_shapes(config):
+        if is_statistic(name):
+            np.testing.assert_allclose(after[name], statistics[name], rtol=STATISTICS_RTOL, atol=1e-7, err_msg=name)
+        else:
+            np.testing.assert_array_equal(after[name], weights[name], err_msg=name)
+    assert max_abs_diff(backend.predict(model, images), forward(config, after, images)) <= FORWARD_ABS
+
+
+def _swap_blocks(value: np.ndarray, blocks: int, a: int, b: int) -> np.ndarray:
+    """Swap gate blocks a and b along the last axis (a gate order mapped wrongly)."""
+    parts = np.split(value, blocks, axis=-1)
+    parts[a], parts[b] = parts[b], parts[a]
+    return np.concatenate(parts, axis=-1)
+
+
+def _planted(arch: str, mistake: str, config: ModelConfig, weights: Weights, images: np.ndarray,
+             mask: np.ndarray | None) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """What the reference computes if a package made `mistake`: (inference logits, statistics after one
+    training forward). The conformance tests above must tell it apart from the right answer."""
+    w = dict(weights)
+    if mistake == "symmetric_padding":  # torch's padding=1 on the stride-2 conv
+        return forward(config, w, images, padding="symmetric"), forward_train(config, w, images, mask)[1]
+    if mistake == "momentum_convention":  # torch's momentum passed as Keras'/Flax's, or the reverse
+        s = config.settings
+        flipped = config.model_copy(update={"settings": s.model_copy(update={
+            "batchnorm_momentum": 1.0 - s.batchnorm_momentum})})
+        return forward(config, w, images), forward_train(flipped, w, images, mask)[1]
+    if mistake == "unbiased_running_variance":  # torch's own update, uncorrected
+        statistics = forward_train(config, w, images, mask)[1]
+        m, sizes = config.settings.batchnorm_momentum, _batchnorm_sizes(config, len(images))
+        for name, n in sizes.items():
+            batch_var = (statistics[name] - m * w[name]) / (1 - m)
+            statistics[name] = m * w[name] + (1 - m) * batch_var * n / (n - 1)
+        return forward(config, w, images), statistics
+    if mistake == "gate_order":  # LSTM i <-> f, GRU r <-> z
+        blocks = 4 if arch == "lstm" else 3
+        for name in w:
+            if name.startswith(f"{arch}."):
+                w[name] = _swap_blocks(w[name], blocks, 0, 1)
+    elif mistake == "bias_counted_twice":  # torch's bias_ih and bias_hh both given the canonical bias
+        w["lstm.bias"] = 2 * w["lstm.bias"]
+    elif mistake == "bias_sides_swapped":  # GRU input and recurrent bias exchanged
+        w["gru.input_bias"], w["gru.recurrent_bias"] = w["gru.recurrent_bias"], w["gru.input_bias"]
+    return forward(config, w, images), {}
+
+
+def _batchnorm_sizes(config: ModelConfig, batch: int) -> dict[str, int]:
+    """Running-variance name -> the number of values per channel its batch statistics average."""
+    height, width = config.image_shape
+    half = -(-height // 2) * -(-width // 2)
+    return {"stem.bn.running_var": batch * height * width, "block.bn1.running_var": batch * half,
+            "block.bn2.running_var": batch * half, "block.shortcut.bn.running_var": batch * half}
+
+
+PLANTED = [("resnet", "symmetric_padding"), ("resnet", "momentum_convention"),
+           ("resnet", "unbiased_running_variance"), ("lstm", "gate_order"), ("lstm", "bias_counted_twice"),
+           ("gru", "gate_order"), ("gru", "bias_sides_swapped")]
+
+
+@pytest.mark.parametrize(("arch_name", "mistake"), PLANTED, ids=[f"{a}-{m}" for a, m in PLANTED])
+def test_a_planted_convention_mistake_is_caught(backend: ModuleType, arch_name: str, mistake: str) -> None:
+    """Each convention that differs between frameworks, planted wrongly: the package's model must agree with
+    the reference and disagree with the planted version by far more than the tolerance the checks above use,
+    so a package that made the mistake could not pass them."""
+    config = small_config(arch_name, NON_SQUARE)
+    weights = asymmetric_weights(config, 14)
+    images, mask = _training_batch(config)
+    planted_logits, planted_statistics = _planted(arch_name, mistake, config, weights, images, mask)
+    logits = backend.predict(backend.build(config, weights), images)
+    model = backend.build(config, weights)
+    backend.forward_train(model, images, mask)
+    after = backend.to_canonical(model)
+    if planted_statistics:
+        expected = forward_train(config, weights, images, mask)[1]
+        worst = max(float(np.max(relative_diff(after[k], planted_statistics[k]))) for k in planted_statistics)
+        right = max(float(np.max(relative_diff(after[k], expected[k]))) for k in expected)
+        assert right <= STATISTICS_RTOL < worst / 10, (right, worst)
+    else:
+        assert max_abs_diff(logits, forward(config, weights, images)) <= FORWARD_ABS
+        assert max_abs_diff(logits, planted_logits) > 100 * FORWARD_ABS
