@@ -29,7 +29,8 @@ def test_learning_rate_per_model_or_one_number():
 @pytest.mark.parametrize(
     ("raw", "expected"),
     [
-        ({"models": ["mlp", "resnet"]}, "models.1 = 'resnet': Input should be 'mlp', 'cnn' or 'attention'"),
+        ({"models": ["mlp", "vgg"]},
+         "models.1 = 'vgg': Input should be 'mlp', 'cnn', 'attention', 'resnet', 'lstm' or 'gru'"),
         (
             {"optimizers": {"adam": {"learning_rate": -0.1}}},
             "optimizers.adam.learning_rate = -0.1: Input should be greater than 0",
@@ -45,8 +46,8 @@ def test_learning_rate_per_model_or_one_number():
         ({"trian": {}}, "trian = {}: unknown field"),
         ({"frameworks": []}, "frameworks = []: list at least one of torch, tf, jax"),
         (
-            {"optimizers": {"adam": {"learning_rate": {"mlp": 0.1, "resnet": 0.1}}}},
-            "optimizers.adam.learning_rate = {'mlp': 0.1, 'resnet': 0.1}: unknown model 'resnet' (allowed: mlp, cnn,",
+            {"optimizers": {"adam": {"learning_rate": {"mlp": 0.1, "vgg": 0.1}}}},
+            "optimizers.adam.learning_rate = {'mlp': 0.1, 'vgg': 0.1}: unknown model 'vgg' (allowed: mlp, cnn,",
         ),
         (
             {"quality": {"min_test_accuracy": {"mlp": 0.9, "cnn": 0.9}}},

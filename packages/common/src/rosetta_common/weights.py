@@ -150,7 +150,8 @@ def _glorot_limit(shape: tuple[int, ...]) -> float:
 
 def init_weights(config: ModelConfig, seed: int) -> Weights:
     """Deterministic initial weights: Glorot-uniform kernels (recurrent ones too), zero biases, unit norm
-    scales, N(0, 0.02) positional embeddings, running means 0 and variances 1. Each tensor draws from its own sub-seed, so adding a parameter
+    scales, N(0, 0.02) positional embeddings, running means 0 and variances 1.
+    Each tensor draws from its own sub-seed, so adding a parameter
     never changes the others."""
     weights: Weights = {}
     for name, shape in canonical_shapes(config).items():
