@@ -103,7 +103,8 @@ def test_training_reports_every_step_and_learns(two_runs: list[dict[str, np.ndar
     assert len(epoch_losses) == len(run[f"{arch}/epoch_seconds"]) == spec.train.epochs
     per_epoch = len(steps) // spec.train.epochs
     np.testing.assert_allclose(epoch_losses, steps.reshape(spec.train.epochs, per_epoch).mean(axis=1), rtol=1e-6)
-    assert epoch_losses[-1] < steps[0]  # it learned something from the learnable data
+    # it learned something from the learnable data (epoch means: one lucky first batch cannot decide it)
+    assert epoch_losses[-1] < epoch_losses[0]
 
 
 def test_train_worker_output_matches_weights_layout(two_runs: list[dict[str, np.ndarray]], arch: str) -> None:
