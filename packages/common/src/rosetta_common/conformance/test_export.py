@@ -96,7 +96,11 @@ def test_exports_run_in_inference_mode(backend: ModuleType, arch: str, images: n
     model = backend.build(config, asymmetric_weights(config, 22))
     backend.forward_train(model, images, None)  # a model straight out of a training step
     backend.export_onnx(model, tmp_path / "model.onnx", images)
-    session = ort.InferenceSession(str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"])
+    # Unoptimized: ONNX Runtime's graph optimizations delete Dropout nodes even with training_mode set to a
+    # constant True, which would hide the very mistake this looks for.
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(str(tmp_path / "model.onnx"), options, providers=["CPUExecutionProvider"])
     runs = {name: predict for name, predict in backend.load_native(_native(backend, model, tmp_path, images)).items()}
     runs["onnx"] = lambda x: session.run(None, {INPUT_NAME: x})[0]
     for name, predict in runs.items():
