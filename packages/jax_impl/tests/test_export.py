@@ -1,8 +1,9 @@
-"""JAX specifics of the native export: the jax.export module's symbolic batch, the files and config.json,
-and damaged files named in one-line ArtifactErrors."""
+"""JAX specifics of the exports: the jax.export module's symbolic batch, the files and config.json, damaged
+files named in one-line ArtifactErrors, and a training-mode trace told apart from export_onnx's."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import jax
@@ -11,6 +12,7 @@ import pytest
 
 import rosetta_jax
 from rosetta_common.errors import ArtifactError
+from rosetta_common.metrics import inference_mode_problems
 from rosetta_common.spec import ModelConfig, Spec
 from rosetta_common.testing import asymmetric_weights, small_config
 from rosetta_jax.export import CONFIG_FILE, EXPORT_FILE, PARAMS_FILE
@@ -68,3 +70,67 @@ def test_a_damaged_file_is_a_one_line_artifact_error(exported: tuple[object, Pat
         rosetta_jax.load_native(copy)
     message = str(raised.value)
     assert "\n" not in message and name in message, message
+
+
+def _unoptimized(path: Path) -> Callable[[np.ndarray], np.ndarray]:
+    """ONNX Runtime with its graph optimizations off: by default it deletes every Dropout node, even one whose
+    training_mode input is a constant True, so a training-mode Dropout would look like inference mode."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return lambda x: session.run(None, {"images": x})[0]
+
+
+@pytest.fixture
+def training_resnet() -> tuple[object, np.ndarray]:
+    """A resnet switched to Flax's training mode: nnx.Module.train() sets use_running_average=False (batch
+    statistics) and deterministic=False (nnx.Dropout on) in every submodule, and a trace keeps that mode."""
+    config = small_config("resnet", IMAGE_SHAPE)
+    model = rosetta_jax.build(config, asymmetric_weights(config, 3))
+    model.train()
+    return model, np.random.default_rng(4).random((8, *IMAGE_SHAPE), dtype=np.float32)
+
+
+def test_an_onnx_export_traced_in_training_mode_is_caught(training_resnet: tuple[object, np.ndarray],
+                                                          tmp_path: Path) -> None:
+    """jax2onnx on the training-mode model writes a Dropout with training_mode on (its BatchNorm it turns to
+    inference mode by itself, with a warning): inference_mode_problems sees the dropout. export_onnx of the same
+    model exports an inference view: nothing to see."""
+    from flax import nnx
+    from jax2onnx import to_onnx
+
+    from rosetta_common.onnx_conventions import OPSETS
+
+    model, images = training_resnet
+
+    def forward(x: jax.Array) -> jax.Array:
+        return nnx.merge(*nnx.split(model), copy=True)(x)
+
+    proto = to_onnx(forward, [("batch", *IMAGE_SHAPE)], opset=OPSETS["jax"], input_names=["images"])
+    (tmp_path / "train.onnx").write_bytes(proto.SerializeToString())
+    problems = inference_mode_problems(_unoptimized(tmp_path / "train.onnx"), images, NATIVE_ABS)
+    assert problems and "dropout" in problems[0], problems  # random masks also make images depend on the batch
+
+    rosetta_jax.export_onnx(model, tmp_path / "model.onnx", images)
+    assert inference_mode_problems(_unoptimized(tmp_path / "model.onnx"), images, NATIVE_ABS) == []
+
+
+def test_a_native_export_traced_in_training_mode_is_caught(training_resnet: tuple[object, np.ndarray],
+                                                            tmp_path: Path) -> None:
+    """jax.export of the training-mode model (dropout aside: it would need a key) keeps BatchNorm on batch
+    statistics, and inference_mode_problems sees an image's logits change with its batch. export_native of the
+    same model exports an inference view: nothing to see in either native format."""
+    from flax import nnx
+
+    model, images = training_resnet
+    graphdef, state = nnx.split(nnx.view(model, deterministic=True))
+    traced = jax.export.export(jax.jit(lambda x: nnx.merge(graphdef, state, copy=True)(x)))(
+        jax.ShapeDtypeStruct(jax.export.symbolic_shape(f"b, {IMAGE_SHAPE[0]}, {IMAGE_SHAPE[1]}"), np.float32))
+    problems = inference_mode_problems(lambda x: np.asarray(traced.call(x)), images, NATIVE_ABS)
+    assert len(problems) == 1 and "batch statistics" in problems[0], problems
+
+    rosetta_jax.export_native(model, tmp_path / "native", images)
+    for name, predict in rosetta_jax.load_native(tmp_path / "native").items():
+        assert inference_mode_problems(predict, images, NATIVE_ABS) == [], name

@@ -1,12 +1,19 @@
-"""NNX specifics: the ModelConfig is static graph data, so predict() compiles once per config and batch size."""
+"""NNX specifics: the ModelConfig is static graph data, so predict() compiles once per config and batch size;
+and every convention Flax has a choice in (BatchNorm momentum and variance, the stride-2 padding, the gate
+order and bias sides of the recurrent cells), planted wrongly, is caught against the float64 reference."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from flax import nnx
 
 import rosetta_jax
+from rosetta_common.metrics import max_abs_diff, relative_diff
+from rosetta_common.reference import forward, forward_train
+from rosetta_common.spec import Spec
 from rosetta_common.testing import asymmetric_weights, small_config
+from rosetta_jax import models, weights
 from rosetta_jax.models import _forward
 
 SAME_ABS = 0.0  # one compiled function, different weights in: predict must equal a fresh model's bit for bit
@@ -28,3 +35,99 @@ def test_config_is_static_and_predict_reuses_the_compilation() -> None:
     assert _forward._cache_size() == compiled  # same config and batch size: no retrace
     again = rosetta_jax.predict(rosetta_jax.build(config, asymmetric_weights(config, 2)), images)
     assert np.abs(logits - again).max() <= SAME_ABS
+
+
+# The conventions Flax differs on, each planted wrongly in this package's own configuration or weight map: the
+# float64 reference (rosetta_common.reference) must then disagree by far more than the tolerance it is checked
+# with, and agree again with the package as it is.
+NON_SQUARE = (6, 10)  # stride 2 pads one row and one column: a wrong side of the padding shows
+FORWARD_ABS = Spec().tolerances.forward_parity_abs
+STATISTICS_RTOL = 1e-5  # float32 running statistics against float64, as the conformance suite checks them
+FAR = 100  # "by far": a planted mistake must miss by this many tolerances
+
+
+def _logits_error(arch: str, seed: int = 7) -> float:
+    """max |native - reference| of the inference forward of a freshly built model."""
+    config = small_config(arch, NON_SQUARE)
+    weights = asymmetric_weights(config, seed)
+    images = np.random.default_rng(seed).random((5, *NON_SQUARE), dtype=np.float32)
+    return max_abs_diff(rosetta_jax.predict(rosetta_jax.build(config, weights), images),
+                        forward(config, weights, images))
+
+
+def _statistics_error(seed: int = 7) -> float:
+    """Largest relative error of the running statistics after one training-mode forward (a batch of 4, so
+    that a variance convention shows), against the reference's update."""
+    config = small_config("resnet", NON_SQUARE)
+    weights = asymmetric_weights(config, seed)
+    images = np.random.default_rng(seed).random((4, *NON_SQUARE), dtype=np.float32)
+    model = rosetta_jax.build(config, weights)
+    rosetta_jax.forward_train(model, images, None)
+    after, (_, expected) = rosetta_jax.to_canonical(model), forward_train(config, weights, images, None)
+    return max(float(np.max(relative_diff(after[name], expected[name]))) for name in expected)
+
+
+def test_batchnorm_momentum_passed_with_torchs_meaning_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert _statistics_error() <= STATISTICS_RTOL
+    monkeypatch.setattr(models, "flax_batchnorm_momentum", lambda momentum: 1.0 - momentum)
+    assert _statistics_error() > FAR * STATISTICS_RTOL
+
+
+def test_torchs_symmetric_padding_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert _logits_error("resnet") <= FORWARD_ABS
+    def torch_padding(in_channels: int, out_channels: int, kernel: int, stride: int, *, rngs: nnx.Rngs) -> nnx.Conv:
+        pad = (kernel - 1) // 2  # torch's padding=1 for a 3x3 kernel, 0 for the 1x1 shortcut: both sides
+        return nnx.Conv(in_channels, out_channels, kernel_size=(kernel, kernel), strides=stride,
+                        padding=((pad, pad), (pad, pad)), use_bias=False, rngs=rngs)
+
+    monkeypatch.setattr(models, "conv", torch_padding)
+    assert _logits_error("resnet") > FAR * FORWARD_ABS
+    # ... and it is exactly the mistake the reference's "symmetric" padding describes
+    config = small_config("resnet", NON_SQUARE)
+    weights = asymmetric_weights(config, 7)
+    images = np.random.default_rng(7).random((5, *NON_SQUARE), dtype=np.float32)
+    planted = rosetta_jax.predict(rosetta_jax.build(config, weights), images)
+    assert max_abs_diff(planted, forward(config, weights, images, padding="symmetric")) <= FORWARD_ABS
+
+
+@pytest.mark.parametrize(("arch", "wrong_order"), [("lstm", ("f", "i", "g", "o")), ("lstm", ("i", "f", "o", "g")),
+                                                   ("gru", ("z", "r", "n"))],
+                         ids=["lstm-i_f", "lstm-g_o", "gru-keras_z_r"])
+def test_a_wrong_gate_order_is_caught(monkeypatch: pytest.MonkeyPatch, arch: str, wrong_order: tuple[str, ...]) -> None:
+    assert _logits_error(arch) <= FORWARD_ABS
+    monkeypatch.setitem(weights.FLAX_GATES, arch, wrong_order)
+    assert _logits_error(arch) > FAR * FORWARD_ABS
+
+
+def test_gru_biases_on_the_wrong_side_are_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert _logits_error("gru") <= FORWARD_ABS
+    monkeypatch.setitem(weights.RENAMED, "gru.input_bias", "gru.cell.dense_h.bias")
+    monkeypatch.setitem(weights.RENAMED, "gru.recurrent_bias", "gru.cell.dense_i.bias")
+    assert _logits_error("gru") > FAR * FORWARD_ABS
+
+
+def test_stock_flax_gru_cell_cannot_hold_the_recurrent_new_gate_bias() -> None:
+    """Why models.GRUCell exists: nnx.GRUCell has no recurrent bias. The best it can do, folding b_hr and b_hz
+    into the input bias (they are only ever added to it), still loses b_hn, which r multiplies: far off the
+    reference. The subclass, the same __call__ with a biased dense_h, matches it."""
+    config = small_config("gru", NON_SQUARE)
+    w = asymmetric_weights(config, 7)
+    images = np.random.default_rng(7).random((5, *NON_SQUARE), dtype=np.float32)
+    hidden = config.settings.hidden
+    stock = nnx.GRUCell(NON_SQUARE[1], hidden, rngs=nnx.Rngs(0))
+    folded = w["gru.input_bias"] + np.concatenate([w["gru.recurrent_bias"][:2 * hidden], np.zeros(hidden, np.float32)])
+    stock.dense_i.kernel[...], stock.dense_i.bias[...] = w["gru.kernel"], folded
+    stock.dense_h.kernel[...] = w["gru.recurrent_kernel"]
+    last, _ = nnx.RNN(stock, return_carry=True, rngs=False)(images, initial_carry=np.zeros((5, hidden), np.float32))
+    logits = np.asarray(last) @ w["head.kernel"] + w["head.bias"]
+    assert max_abs_diff(logits, forward(config, w, images)) > FAR * FORWARD_ABS
+    assert _logits_error("gru") <= FORWARD_ABS
+
+
+def test_a_dropout_mask_for_a_model_without_dropout_is_a_one_line_error() -> None:
+    config = small_config("lstm")
+    model = rosetta_jax.build(config, asymmetric_weights(config, 1))
+    images = np.zeros((4, *config.image_shape), np.float32)
+    with pytest.raises(ValueError) as raised:
+        rosetta_jax.forward_train(model, images, np.ones((4, 6), np.float32))
+    assert "\n" not in str(raised.value) and "dropout_mask" in str(raised.value)

@@ -1,4 +1,5 @@
-"""JAX/Optax specifics of training: why torch_adam exists, one compilation per train(), configure()'s flags."""
+"""JAX/Optax specifics of training: why torch_adam exists, one compilation per train(), configure()'s flags, and
+the first step (BatchNorm in training mode, the shared dropout mask) against the float64 reference."""
 
 from __future__ import annotations
 
@@ -13,9 +14,11 @@ import optax
 import pytest
 
 import rosetta_jax
+from rosetta_common.metrics import softmax_cross_entropy
+from rosetta_common.reference import forward_train
 from rosetta_common.spec import AdamSpec
 from rosetta_common.testing import asymmetric_weights, learnable_data, small_config, small_spec
-from rosetta_common.training import plan
+from rosetta_common.training import dropout_masks, plan
 
 # The module, not the contract's train() function that the package re-exports under the same name.
 jax_train = importlib.import_module("rosetta_jax.train")
@@ -71,3 +74,26 @@ def test_train_compiles_its_step_once(monkeypatch: pytest.MonkeyPatch, optimizer
 def test_configure_sets_deterministic_full_precision() -> None:
     assert jax.config.jax_default_matmul_precision == "highest"  # no TF32 on GPUs
     assert "--xla_gpu_deterministic_ops=true" in os.environ["XLA_FLAGS"]
+
+
+@pytest.mark.parametrize("arch", ["resnet", "lstm", "gru"])
+def test_the_first_step_is_the_float64_references(arch: str) -> None:
+    """train()'s first step, as the pipeline's cross-framework parity sees it: its loss is the reference's
+    training-mode forward on the plan's first batch with the plan's first dropout mask (within the step-1
+    parity bound), and the running statistics it leaves are the reference's update."""
+    config, data = small_config(arch, (6, 10)), learnable_data(n_train=16, image_shape=(6, 10))  # one step
+    start = asymmetric_weights(config, 9)
+    spec = small_spec(epochs=1)
+    train_plan = plan(spec, arch, len(data.train_labels))
+    assert train_plan.num_steps == 1
+    model = rosetta_jax.build(config, start)
+    result = rosetta_jax.train(model, train_plan, data)
+    batch = train_plan.batches(0)[0]
+    masks = dropout_masks(train_plan, config)
+    logits, statistics = forward_train(config, start, data.train_images[batch], None if masks is None else masks[0])
+    expected = softmax_cross_entropy(logits, data.train_labels[batch])
+    assert abs(result.step_losses[0] - expected) <= spec.tolerances.step1_loss_rel * expected
+    after = rosetta_jax.to_canonical(model)
+    assert (masks is not None) == (arch == "resnet") == bool(statistics)
+    for name, value in statistics.items():
+        np.testing.assert_allclose(after[name], value, rtol=1e-5, atol=1e-7, err_msg=name)

@@ -1,5 +1,6 @@
 """What only the Keras exports need: model.keras records layers, not the spec, so the ModelConfig travels in
-config.json beside it; .keras loads with safe_mode (no arbitrary code); each broken file is named. Native
+config.json beside it; .keras loads with safe_mode (no arbitrary code); each broken file is named; an export
+traced in training mode would be caught, and the recurrent layers convert to the ONNX form stated here. Native
 reload parity and the ONNX conventions are the conformance suite's (rosetta_common.conformance)."""
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ import pytest
 
 import rosetta_tf
 from rosetta_common.errors import ArtifactError, ExportError
-from rosetta_common.spec import ModelConfig
-from rosetta_common.testing import asymmetric_weights, small_config
+from rosetta_common.metrics import inference_mode_problems
+from rosetta_common.onnx_conventions import INPUT_NAME, OPSETS, OUTPUT_NAME
+from rosetta_common.spec import ModelConfig, Spec
+from rosetta_common.testing import ARCHS, asymmetric_weights, small_config
 from rosetta_tf.export import CONFIG_FILE, KERAS_FILE, SAVED_MODEL_DIR, load_keras, load_native
 
 NON_SQUARE = (6, 10)
@@ -104,7 +107,10 @@ from pathlib import Path
 import numpy as np
 import rosetta_tf
 from rosetta_common.spec import ARCHITECTURES
-from rosetta_common.testing import asymmetric_weights, small_config
+from rosetta_common.metrics import inference_mode_problems
+from rosetta_common.onnx_conventions import INPUT_NAME, OPSETS, OUTPUT_NAME
+from rosetta_common.spec import Spec
+from rosetta_common.testing import ARCHS, asymmetric_weights, small_config
 rosetta_tf.configure(0)
 shape = tuple(int(n) for n in sys.argv[2:4])
 example = np.zeros((2, *shape), np.float32)
@@ -140,7 +146,7 @@ def test_exports_are_byte_identical_across_processes(fresh_exports: tuple[Path, 
     assert any(f"/{SAVED_MODEL_DIR}/variables/" in name for name in first)
 
 
-@pytest.mark.parametrize("arch", ["mlp", "cnn", "attention"])
+@pytest.mark.parametrize("arch", ARCHS)
 def test_keras_zip_carries_no_time_or_address(arch: str, fresh_exports: tuple[Path, Path]) -> None:
     with zipfile.ZipFile(fresh_exports[0] / arch / KERAS_FILE) as archive:
         infos = archive.infolist()
@@ -163,7 +169,7 @@ def _shared_object_ids(node: object) -> list[int]:
     return []
 
 
-@pytest.mark.parametrize("arch", ["mlp", "cnn", "attention"])
+@pytest.mark.parametrize("arch", ARCHS)
 def test_normalized_export_loads_safely_and_predicts_identically(arch: str,
                                                                  fresh_exports: tuple[Path, Path]) -> None:
     config = small_config(arch, NON_SQUARE)
@@ -175,3 +181,65 @@ def test_normalized_export_loads_safely_and_predicts_identically(arch: str,
     assert np.array_equal(np.asarray(raw(images, training=False)), np.asarray(model(images, training=False)))
     for name, predict in load_native(out).items():
         assert np.array_equal(predict(images), expected), name
+
+
+INFERENCE_ABS = Spec().tolerances.native_roundtrip_abs
+
+
+def _training_mode_onnx(model: keras.Model, path: Path) -> None:
+    """The mistake: tf2onnx on a tf.function that calls the model with training=True (Keras' Dropout drawing
+    its own masks, BatchNorm on the batch's statistics)."""
+    import onnx
+    import tensorflow as tf
+    import tf2onnx
+
+    signature = [rosetta_tf.models.image_spec(model)]
+
+    @tf.function(input_signature=signature)
+    def serve(images: tf.Tensor) -> dict[str, tf.Tensor]:
+        return {OUTPUT_NAME: model(images, training=True)}
+
+    proto, _ = tf2onnx.convert.from_function(serve, input_signature=signature, opset=OPSETS["tf"])
+    onnx.save(proto, str(path))
+
+
+def test_an_export_in_training_mode_is_caught(tmp_path: Path) -> None:
+    import onnxruntime as ort
+
+    config = small_config("resnet")
+    model = rosetta_tf.build(config, asymmetric_weights(config, 0))
+    images = np.random.default_rng(2).random((8, *config.image_shape), dtype=np.float32)
+    # tf2onnx cannot convert Keras' training-mode Dropout (StatelessRandomUniformV2), so the ONNX mistake is
+    # made on the same weights without dropout: BatchNorm on batch statistics is what must show there.
+    settings = config.settings.model_copy(update={"dropout": 0.0})
+    no_dropout = rosetta_tf.build(config.model_copy(update={"settings": settings}), rosetta_tf.to_canonical(model))
+    _training_mode_onnx(no_dropout, tmp_path / "training.onnx")
+    session = ort.InferenceSession(str(tmp_path / "training.onnx"), providers=["CPUExecutionProvider"])
+    problems = inference_mode_problems(lambda x: session.run(None, {INPUT_NAME: x})[0], images, INFERENCE_ABS)
+    assert any("batch statistics" in p for p in problems), problems
+    # The native equivalent, Keras in training mode: its Dropout draws a new mask per call, so runs differ too.
+    eager = inference_mode_problems(lambda x: np.asarray(model(x, training=True)), images, INFERENCE_ABS)
+    assert any("dropout" in p for p in eager) and any("batch statistics" in p for p in eager), eager
+    # What the package exports from the same model is in inference mode.
+    rosetta_tf.export_onnx(model, tmp_path / "model.onnx", images)
+    ours = ort.InferenceSession(str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"])
+    assert inference_mode_problems(lambda x: ours.run(None, {INPUT_NAME: x})[0], images, INFERENCE_ABS) == []
+
+
+# The ONNX form of each recurrent layer: tf2onnx rewrites Keras 3's LSTM loop to one LSTM op; it has no pattern for
+# Keras 3's GRU cell, which models.gru therefore unrolls into plain ops (a rolled one became a Loop whose bytes
+# changed from one process to the next). BatchNorm folds into the convolutions.
+ONNX_FORM = {"lstm": ({"LSTM"}, {"Loop", "Scan"}), "gru": ({"MatMul", "Sigmoid", "Tanh"}, {"Loop", "Scan", "GRU"}),
+             "resnet": ({"Conv", "GlobalAveragePool"}, {"BatchNormalization", "Dropout", "RandomUniform"})}
+
+
+@pytest.mark.parametrize("arch", list(ONNX_FORM))
+def test_onnx_form_of_the_new_layers(arch: str, tmp_path: Path) -> None:
+    import onnx
+
+    config = small_config(arch)
+    model = rosetta_tf.build(config, asymmetric_weights(config, 0))
+    rosetta_tf.export_onnx(model, tmp_path / "model.onnx", np.zeros((1, *config.image_shape), np.float32))
+    ops = {node.op_type for node in onnx.load(str(tmp_path / "model.onnx")).graph.node}
+    present, absent = ONNX_FORM[arch]
+    assert present <= ops and not absent & ops, sorted(ops)

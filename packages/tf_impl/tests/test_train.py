@@ -1,5 +1,6 @@
 """What only Keras needs: TorchAdam (Keras' own Adam computes another formula), StepLoss (Keras' logged loss is
-a running mean), and fit fed through tf.data seeing exactly the plan's batches. The optimizer formulas, the
+a running mean), and fit fed through tf.data seeing exactly the plan's batches and, for resnet, each step's
+dropout mask. The optimizer formulas, the
 learning rate, determinism and learning itself are the conformance suite's (rosetta_common.conformance)."""
 
 from __future__ import annotations
@@ -11,9 +12,14 @@ import tensorflow as tf
 
 import rosetta_tf
 from rosetta_common.data import Dataset
+from rosetta_common.metrics import softmax_cross_entropy
+from rosetta_common.onnx_conventions import INPUT_NAME
 from rosetta_common.optim import adam_bias_corrections, adam_step
+from rosetta_common.reference import forward_train
+from rosetta_common.spec import Spec
 from rosetta_common.testing import asymmetric_weights, learnable_data, small_config, small_spec
-from rosetta_common.training import TrainPlan, plan
+from rosetta_common.training import TrainPlan, dropout_masks, plan
+from rosetta_tf.models import MASK_INPUT, model_config, training_model
 from rosetta_tf.train import StepLoss, TorchAdam, make_loss, make_optimizer, run_optimizer
 
 FORMULA_REL = 1e-6  # TorchAdam's moves vs rosetta_common.optim.adam_step, elementwise relative
@@ -73,24 +79,33 @@ def test_step_loss_is_the_last_batch_not_a_running_mean() -> None:
 
 
 def _plain_loop(model: keras.Model, train_plan: TrainPlan, data: Dataset) -> list[float]:
-    """The same training as a GradientTape loop over the plan's index batches, fed from numpy."""
+    """The same training as a GradientTape loop over the plan's index batches (and, for a model with dropout,
+    step s's mask from common, into the training twin), fed from numpy."""
     optimizer, loss_fn = make_optimizer(model, train_plan.optimizer, train_plan.num_steps), make_loss()
+    masks = dropout_masks(train_plan, model_config(model))
+    trainer = training_model(model)
 
     @tf.function
-    def step(images: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
+    def step(inputs: object, labels: tf.Tensor) -> tf.Tensor:
         with tf.GradientTape() as tape:
-            loss = loss_fn(labels, model(images, training=True))
+            loss = loss_fn(labels, trainer(inputs, training=True))
         optimizer.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
         return loss
 
-    return [float(step(data.train_images[idx], data.train_labels[idx])) for idx in train_plan.all_batches()]
+    losses = []
+    for s, idx in enumerate(train_plan.all_batches()):
+        images = data.train_images[idx]
+        inputs = images if masks is None else {INPUT_NAME: images, MASK_INPUT: masks[s]}
+        losses.append(float(step(inputs, data.train_labels[idx])))
+    return losses
 
 
-@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
-def test_fit_equals_plain_loop_on_the_plans_batches(optimizer: str) -> None:
-    """fit through tf.data sees exactly the plan's batches in order, and StepLoss reports each step's exact loss."""
-    data, config = learnable_data(n_train=64), small_config("mlp")
-    train_plan = plan(small_spec(optimizer=optimizer), "mlp", len(data.train_labels))
+@pytest.mark.parametrize(("arch", "optimizer"), [("mlp", "adam"), ("mlp", "sgd"), ("resnet", "adam")])
+def test_fit_equals_plain_loop_on_the_plans_batches(arch: str, optimizer: str) -> None:
+    """fit through tf.data sees exactly the plan's batches (and dropout masks) in order, and StepLoss reports each
+    step's exact loss; BatchNorm's running statistics follow the same path."""
+    data, config = learnable_data(n_train=64), small_config(arch)
+    train_plan = plan(small_spec(optimizer=optimizer), arch, len(data.train_labels))
     weights = asymmetric_weights(config, 0)
     fitted, looped = rosetta_tf.build(config, weights), rosetta_tf.build(config, weights)
     result = rosetta_tf.train(fitted, train_plan, data)
@@ -134,3 +149,28 @@ def test_adam_moments_never_hold_subnormals() -> None:
     slots = [np.abs(np.asarray(v.numpy())) for v in optimizer.variables if v.dtype == "float32"]
     tiny = np.finfo(np.float32).tiny
     assert not any(((s > 0) & (s < tiny)).any() for s in slots), slots
+
+
+STEP1_REL = Spec().tolerances.step1_loss_rel
+
+
+@pytest.mark.parametrize("arch", ["resnet", "lstm", "gru"])
+def test_first_step_loss_is_the_references(arch: str) -> None:
+    """fit's first step runs training mode as the reference does (batch statistics, step 0's dropout mask):
+    its loss is the float64 reference's within the pipeline's step-1 bound; for resnet, step 1's mask would
+    give another loss, so the mask of the right step is the one applied."""
+    data, config = learnable_data(n_train=64), small_config(arch)
+    train_plan = plan(small_spec(), arch, len(data.train_labels))
+    weights = asymmetric_weights(config, 0)
+    result = rosetta_tf.train(rosetta_tf.build(config, weights), train_plan, data)
+    idx = train_plan.all_batches()[0]
+    masks = dropout_masks(train_plan, config)
+
+    def reference_loss(step: int) -> float:
+        mask = None if masks is None else masks[step]
+        return softmax_cross_entropy(forward_train(config, weights, data.train_images[idx], mask)[0],
+                                     data.train_labels[idx])
+
+    assert abs(result.step_losses[0] - reference_loss(0)) <= STEP1_REL * reference_loss(0)
+    if masks is not None:
+        assert abs(result.step_losses[0] - reference_loss(1)) > 100 * STEP1_REL * reference_loss(0)

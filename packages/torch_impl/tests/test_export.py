@@ -1,14 +1,17 @@
 """torch's own export details: the state dict and ModelConfig inside model.safetensors, a .pt2 that never
 unpickles (and the refusal of one that would), a batch kept dynamic from a single example image, exports
-that leave the caller's model alone, and damaged files named in one line."""
+that leave the caller's model alone, damaged files named in one line, exports in inference mode (and a
+training-mode one caught), the ONNX form of each new layer, and ONNX Runtime at the largest parity batch."""
 
 from __future__ import annotations
 
 import json
+import warnings
 import zipfile
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 import torch
@@ -16,7 +19,8 @@ from safetensors import safe_open
 
 import rosetta_torch
 from rosetta_common.errors import ArtifactError
-from rosetta_common.metrics import max_abs_diff
+from rosetta_common.interface import Predict
+from rosetta_common.metrics import inference_mode_problems, max_abs_diff
 from rosetta_common.spec import ModelConfig, Spec
 from rosetta_common.testing import asymmetric_weights, small_config
 from rosetta_torch.export import PROGRAM_FILE, STATE_FILE, check_program_has_no_pickle
@@ -98,3 +102,73 @@ def test_damaged_native_file_is_an_artifact_error_naming_it(exported: tuple[torc
         rosetta_torch.load_native(tmp_path)
     message = str(raised.value)
     assert damaged in message and "\n" not in message, message
+
+
+def _onnx_predict(path: Path, optimized: bool = True) -> Predict:
+    options = ort.SessionOptions()
+    if not optimized:
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return lambda x: session.run(None, {"images": x})[0]
+
+
+def test_a_training_mode_export_is_caught(images: np.ndarray, tmp_path: Path) -> None:
+    """inference_mode_problems tells a training-mode export from the outputs alone: torch.export of a ResNet
+    left in train() mode (dropout and batch statistics both live), and the TorchScript exporter asked for
+    TrainingMode.TRAINING (BatchNormalization with training_mode=1; its Dropout is removed by ONNX Runtime's
+    default graph optimizations, and shows with them off). Ours, from the same model in train() mode, are clean.
+    torch.onnx's dynamo exporter (export_onnx's) writes an inference graph even from a train() model."""
+    config = small_config("resnet")
+    model = rosetta_torch.build(config, asymmetric_weights(config, 3)).cpu().train()
+    x = torch.from_numpy(images)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # both exporters comment at length on a training-mode export
+        batch = {"images": {0: torch.export.Dim("batch")}}
+        program = torch.export.export(model, (x,), dynamic_shapes=batch).module()
+        torch.onnx.export(model, (x,), str(tmp_path / "training.onnx"), dynamo=False,
+                          training=torch.onnx.TrainingMode.TRAINING, input_names=["images"], output_names=["logits"],
+                          dynamic_axes={"images": {0: "batch"}, "logits": {0: "batch"}}, opset_version=17)
+    atol = TOLERANCES.native_roundtrip_abs
+    problems = inference_mode_problems(lambda a: program(torch.from_numpy(a)).detach().numpy(), images, atol)
+    assert len(problems) == 2 and "dropout" in problems[0] and "batch statistics" in problems[1], problems
+    problems = inference_mode_problems(_onnx_predict(tmp_path / "training.onnx"), images, atol)
+    assert len(problems) == 1 and "batch statistics" in problems[0], problems
+    assert len(inference_mode_problems(_onnx_predict(tmp_path / "training.onnx", False), images, atol)) == 2
+
+    model.train()
+    rosetta_torch.export_onnx(model, tmp_path / "model.onnx", images)
+    rosetta_torch.export_native(model, tmp_path / "native", images)
+    assert model.training  # the caller's model is left as it was
+    runs = {**rosetta_torch.load_native(tmp_path / "native"), "onnx": _onnx_predict(tmp_path / "model.onnx"),
+            "onnx_unoptimized": _onnx_predict(tmp_path / "model.onnx", False)}
+    for name, predict in runs.items():
+        assert inference_mode_problems(predict, images, atol) == [], name
+
+
+@pytest.mark.parametrize(("arch", "op", "absent"), [("lstm", "LSTM", {"Loop", "Scan"}),
+                                                    ("gru", "GRU", {"Loop", "Scan"}),
+                                                    ("resnet", "Conv", {"BatchNormalization", "Dropout"})])
+def test_onnx_form_of_the_new_layers(arch: str, op: str, absent: set[str], images: np.ndarray,
+                                     tmp_path: Path) -> None:
+    """nn.LSTM / nn.GRU become one ONNX LSTM / GRU op (no Loop, Scan or unrolled steps); the ResNet's
+    BatchNorms are folded into its convolutions and its Dropout, an identity in inference, is gone."""
+    config = small_config(arch)
+    rosetta_torch.export_onnx(rosetta_torch.build(config, asymmetric_weights(config, 4)), tmp_path / "m.onnx", images)
+    ops = [node.op_type for node in onnx.load(str(tmp_path / "m.onnx")).graph.node]
+    assert op in ops and not absent & set(ops), ops
+    if arch == "gru":  # torch's formula: the reset gate applies after the recurrent matmul and bias
+        (gru,) = [n for n in onnx.load(str(tmp_path / "m.onnx")).graph.node if n.op_type == "GRU"]
+        assert {a.name: a.i for a in gru.attribute}["linear_before_reset"] == 1
+
+
+@pytest.mark.parametrize("arch", ["resnet", "lstm", "gru"])
+def test_onnx_agrees_at_the_largest_parity_batch(arch: str, images: np.ndarray, tmp_path: Path) -> None:
+    """The conformance suite checks batches 1, 7 and 64; the pipeline compares at 1024 too."""
+    batch = max(Spec().export.parity_batch_sizes)
+    config = small_config(arch, NON_SQUARE)
+    model = rosetta_torch.build(config, asymmetric_weights(config, 5))
+    x = np.random.default_rng(6).random((batch, *NON_SQUARE), dtype=np.float32)
+    rosetta_torch.export_onnx(model, tmp_path / "m.onnx", x[:7])
+    expected = rosetta_torch.predict(model, x)
+    bound = TOLERANCES.onnx_vs_native_abs + TOLERANCES.onnx_vs_native_rel * float(np.abs(expected).max())
+    assert max_abs_diff(_onnx_predict(tmp_path / "m.onnx")(x), expected) <= bound

@@ -1,11 +1,16 @@
 """The contract's native formats (Flax msgpack params + a serialized jax.export function) and ONNX.
 
 Native formats, neither of them pickle:
-- "flax_msgpack": the NNX parameter state as flax.serialization msgpack (Flax's own checkpoint bytes when
-  not using Orbax) plus config.json (the model's rosetta_common.spec.ModelConfig as pydantic JSON); reloaded
-  by rebuilding the module and restoring the state into it.
+- "flax_msgpack": the NNX variables (parameters and BatchNorm's running statistics) as flax.serialization
+  msgpack (Flax's own checkpoint bytes when not using Orbax) plus config.json (the model's
+  rosetta_common.spec.ModelConfig as pydantic JSON); reloaded by rebuilding the module and restoring the
+  state into it.
 - "jax_export": the forward pass with its weights baked in, lowered by jax.export to StableHLO with a
   symbolic batch dimension "b"; reloaded with jax.export.deserialize, no Python model code needed.
+
+Every export is of inference_view(model): BatchNorm on its running statistics, dropout off, whatever mode
+the caller left the model in (nnx.Module.train() flips both, and an export keeps the mode it was traced in).
+The recurrent layers' lax.scan goes through jax.export as it is, and through jax2onnx as an ONNX Loop.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -27,10 +33,23 @@ from rosetta_common.io import atomic_path, write_bytes, write_text
 from rosetta_common.onnx_conventions import BATCH_DIM, INPUT_NAME, OPSETS, OUTPUT_NAME, conform
 from rosetta_common.spec import ModelConfig
 from rosetta_jax.models import Model, build, predict
+from rosetta_jax.weights import VARIABLES, from_native
 
 CONFIG_FILE = "config.json"
 PARAMS_FILE = "params.msgpack"
 EXPORT_FILE = "forward.jax_export"
+
+
+def inference_view(model: Model) -> Model:
+    """The model in inference mode, sharing its variables: running statistics, dropout off."""
+    return nnx.view(model, use_running_average=True, deterministic=True, raise_if_not_found=False)
+
+
+def _closed_forward(graphdef: nnx.GraphDef[Model], state: nnx.State, images: jax.Array) -> jax.Array:
+    """The forward with the weights closed over, so that they become constants of the traced program. The
+    model is rebuilt with copies of its variables inside the trace: nnx.RNN's nnx.scan refuses variables
+    created outside the trace it runs in ("Cannot extract graph node from different trace level")."""
+    return nnx.merge(graphdef, state, copy=True)(images)
 
 
 def _check_example(config: ModelConfig, example: np.ndarray) -> None:
@@ -46,13 +65,13 @@ def export_native(model: Model, out_dir: Path, example: np.ndarray) -> list[Path
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [out_dir / CONFIG_FILE, out_dir / PARAMS_FILE, out_dir / EXPORT_FILE]
     write_text(paths[0], config.model_dump_json(indent=2) + "\n")
-    pure = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+    model = inference_view(model)
+    pure = nnx.to_pure_dict(nnx.state(model, VARIABLES))
     write_bytes(paths[1], serialization.msgpack_serialize(jax.tree.map(np.asarray, pure)))
 
     graphdef, state = nnx.split(model)
     height, width = config.image_shape
-    # The weights are closed over, so they become constants of the exported StableHLO module.
-    forward = jax.jit(lambda images: nnx.merge(graphdef, state)(images))
+    forward = jax.jit(partial(_closed_forward, graphdef, state))
     batch = jax.export.symbolic_shape(f"b, {height}, {width}")
     exported = jax.export.export(forward)(jax.ShapeDtypeStruct(batch, jnp.float32))  # locations: see configure()
     write_bytes(paths[2], bytes(exported.serialize()))
@@ -88,9 +107,9 @@ def _load_flax(out_dir: Path) -> Model:
     except Exception as error:  # msgpack raises several unrelated types for damaged bytes
         raise ArtifactError(f"{params_path}: not readable Flax msgpack ({one_line(str(error))})") from None
     try:
-        # Back to canonical names (NNX paths are canonical names) so build() checks names, shapes and dtype.
+        # Back to canonical names so that build() checks names, shapes and dtype.
         flat = {".".join(path): np.asarray(value) for path, value in _flatten(restored)}
-        return build(config, flat)
+        return build(config, from_native(config, flat))
     except WeightsError as error:
         raise ArtifactError(f"{params_path}: {error}") from None
 
@@ -126,6 +145,42 @@ def _quiet(logger: str) -> Iterator[None]:
         log.setLevel(level)
 
 
+def _static_dims(info: Any) -> list[int | None]:
+    return [d.dim_value if d.HasField("dim_value") else None for d in info.type.tensor_type.shape.dim]
+
+
+def drop_contradicted_shapes(proto: Any) -> Any:
+    """Remove the intermediate shape annotations (value_info) that contradict ONNX's own shape inference.
+
+    jax2onnx 0.17.1 moves an elementwise op (the ReLU after a Conv + BatchNorm) across the NCHW <-> NHWC
+    Transposes it cancels out, but leaves the op's output annotated with the old NHWC shape, which the
+    checker rejects ("Inferred shape and existing shape differ"); the graph itself computes the right thing
+    (ONNX Runtime is compared with JAX at every batch size). Annotations are optional, so the stale ones go
+    and every other one stays (models without the pattern keep their bytes). Returns the same ModelProto."""
+    import onnx
+
+    bare = onnx.ModelProto()
+    bare.CopyFrom(proto)
+    del bare.graph.value_info[:]
+    inferred = {v.name: _static_dims(v) for v in onnx.shape_inference.infer_shapes(bare).graph.value_info}
+
+    def contradicted(info: Any) -> bool:
+        ours, theirs = _static_dims(info), inferred.get(info.name)
+        if theirs is None or not info.type.tensor_type.HasField("shape"):
+            return False
+        return len(ours) != len(theirs) or any(a is not None and b is not None and a != b
+                                               for a, b in zip(ours, theirs, strict=True))
+
+    kept = [v for v in proto.graph.value_info if not contradicted(v)]
+    if len(kept) != len(proto.graph.value_info):
+        copies = [type(v)() for v in kept]
+        for copy, info in zip(copies, kept, strict=True):
+            copy.CopyFrom(info)
+        del proto.graph.value_info[:]
+        proto.graph.value_info.extend(copies)
+    return proto
+
+
 def export_onnx(model: Model, path: Path, example: np.ndarray) -> None:
     """ONNX via jax2onnx (jax2tf -> tf2onnx is dead) at the pinned opset, meeting
     rosetta_common.onnx_conventions (conform() checks it); written atomically. Whether onnxruntime agrees
@@ -136,11 +191,13 @@ def export_onnx(model: Model, path: Path, example: np.ndarray) -> None:
     config = model.config
     _check_example(config, example)
     height, width = config.image_shape
+    model = inference_view(model)
     try:
         with _quiet("onnx_ir"):
-            proto = to_onnx(lambda images: model(images), [(BATCH_DIM, height, width)],
+            proto = to_onnx(partial(_closed_forward, *nnx.split(model)), [(BATCH_DIM, height, width)],
                             model_name=f"rosetta_{config.arch}", opset=OPSETS["jax"],
                             input_names=[INPUT_NAME], output_names=[OUTPUT_NAME])
+        drop_contradicted_shapes(proto)
         onnx.checker.check_model(proto, full_check=True)
     except Exception as error:  # the converter's own failures come as many types; one line for the stage
         raise ExportError(f"jax2onnx export of {config.arch}: {type(error).__name__}: "

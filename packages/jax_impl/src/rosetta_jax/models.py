@@ -1,15 +1,33 @@
-"""The three architectures as Flax NNX modules, written the way Flax's own NNX examples write models, and
-the contract's build(), predict() and model_config().
+"""The six architectures as Flax NNX modules, written the way Flax's own NNX examples write models, and
+the contract's build(), predict(), model_config() and forward_train().
 
-NNX (not Linen) because it is Flax 0.12's recommended API and because its attribute paths *are* the
-canonical names: `self.block.attn.query.kernel` is "block.attn.query.kernel", Flax keeps dense kernels
-(in, out) and conv kernels HWIO, and it flattens NHWC, so weights.py maps names one to one with no
-transposes (rosetta_common.weights' docstring chose that convention).
+NNX (not Linen) because it is Flax 0.12's recommended API and because its attribute paths are, nearly
+everywhere, the canonical names: `self.block.attn.query.kernel` is "block.attn.query.kernel", Flax keeps
+dense kernels (in, out) and conv kernels HWIO, and it flattens NHWC, so weights.py transposes nothing
+(rosetta_common.weights' docstring chose that convention); it renames BatchNorm's statistics and the
+recurrent cells' Linears (weights.py's docstring lists every reconciliation).
 
 Defaults that differ from the spec and are overridden here on purpose:
 - nnx.LayerNorm: epsilon 1e-6 and a one-pass "fast" variance by default; the spec is eps 1e-5 and the
   biased two-pass variance (torch's), so epsilon comes from the spec and use_fast_variance=False.
 - nnx.gelu: the tanh approximation by default; the spec is exact (erf) GELU, so approximate=False.
+- nnx.BatchNorm: momentum 0.99 and a one-pass "fast" variance by default. Its momentum means what the spec's
+  does (the weight of the old running average: running = m * running + (1 - m) * batch), so the spec's
+  number is passed unchanged (torch's argument would be 1 - m); epsilon comes from the spec (Flax's default
+  1e-5 is the spec's default, not necessarily its value); use_fast_variance=False gives the two-pass biased
+  variance, which is what both normalizes the batch and enters the running variance (the spec's convention:
+  Flax, unlike torch, never averages the unbiased one). It is built with use_running_average=True: every
+  model is in inference mode unless a training view is asked for (training_view).
+- nnx.Conv(padding="SAME", strides=2): Flax's "SAME" is TensorFlow's (lax.padtype_to_pads puts the odd row
+  and column at the bottom and right), the spec's convention (rosetta_common.reference.same_padding).
+- nnx.RNN(nnx.OptimizedLSTMCell): one (in, 4h) input kernel without bias and one (h, 4h) recurrent kernel with
+  the one bias, gates split in the order i, f, g, o: the canonical layout exactly (weights.py only renames).
+- nnx.RNN(GRUCell): Flax's nnx.GRUCell computes torch's formula n = tanh(x W_n + b_in + r * (h U_n + b_hn))
+  except that its recurrent Linear has no bias (use_bias=False), so b_hr, b_hz and b_hn cannot be held; b_hr
+  and b_hz could be folded into the input bias, b_hn cannot (r multiplies it). GRUCell below is the smallest
+  honest fix: the same cell with a biased recurrent Linear; its __call__ is Flax's, unchanged.
+- The RNNs get an explicit zero initial carry and rngs=False: nnx.RNN's default keeps an RNG stream (state
+  that counts calls) only to feed the carry initialiser, which draws nothing for zeros.
 """
 
 from __future__ import annotations
@@ -24,6 +42,7 @@ import numpy as np
 from flax import nnx
 
 from rosetta_common.spec import ModelConfig
+from rosetta_common.training import dropout_features
 from rosetta_common.weights import Weights
 from rosetta_jax.weights import from_canonical
 
@@ -119,7 +138,117 @@ class AttentionClassifier(nnx.Module):
         return self.head(x.mean(axis=1))
 
 
-Model = MLP | CNN | AttentionClassifier
+# Flax's nnx.BatchNorm momentum is the weight of the old running average, the spec's meaning: unchanged.
+# A function (not an inline number) so that the package's tests can plant torch's meaning (1 - m) here.
+def flax_batchnorm_momentum(spec_momentum: float) -> float:
+    return spec_momentum
+
+
+def conv(in_channels: int, out_channels: int, kernel: int, stride: int, *, rngs: nnx.Rngs) -> nnx.Conv:
+    """A bias-free convolution (a BatchNorm follows every one). Flax's "SAME" is TensorFlow's: at stride 2 the
+    odd row and column of padding go at the bottom and right, as the spec says (torch's padding=1 would pad
+    both sides, the tests plant it)."""
+    return nnx.Conv(in_channels, out_channels, kernel_size=(kernel, kernel), strides=stride, padding="SAME",
+                    use_bias=False, rngs=rngs)
+
+
+def batchnorm(channels: int, momentum: float, epsilon: float, *, rngs: nnx.Rngs) -> nnx.BatchNorm:
+    return nnx.BatchNorm(channels, use_running_average=True, momentum=flax_batchnorm_momentum(momentum),
+                         epsilon=epsilon, use_fast_variance=False, rngs=rngs)
+
+
+class ConvBN(nnx.Module):
+    """A convolution and its BatchNorm, under the canonical names `<prefix>.conv` and `<prefix>.bn`."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel: int, stride: int, momentum: float,
+                 epsilon: float, *, rngs: nnx.Rngs) -> None:
+        self.conv = conv(in_channels, out_channels, kernel, stride, rngs=rngs)
+        self.bn = batchnorm(out_channels, momentum, epsilon, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.bn(self.conv(x))
+
+
+class ResidualBlock(nnx.Module):
+    """conv3x3 stride 2 + BN + ReLU, conv3x3 + BN; shortcut conv1x1 stride 2 + BN; add; ReLU."""
+
+    def __init__(self, in_channels: int, filters: int, momentum: float, epsilon: float, *, rngs: nnx.Rngs) -> None:
+        self.conv1 = conv(in_channels, filters, 3, 2, rngs=rngs)
+        self.bn1 = batchnorm(filters, momentum, epsilon, rngs=rngs)
+        self.conv2 = conv(filters, filters, 3, 1, rngs=rngs)
+        self.bn2 = batchnorm(filters, momentum, epsilon, rngs=rngs)
+        self.shortcut = ConvBN(in_channels, filters, 1, 2, momentum, epsilon, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        y = nnx.relu(self.bn1(self.conv1(x)))
+        y = self.bn2(self.conv2(y))
+        return nnx.relu(y + self.shortcut(x))
+
+
+class ResNet(nnx.Module):
+    """Stem conv + BN + ReLU, one residual block, global average pool, dropout (training only), dense head."""
+
+    def __init__(self, stem_filters: int, block_filters: int, dropout: float, momentum: float, epsilon: float,
+                 num_classes: int, *, rngs: nnx.Rngs) -> None:
+        self.stem = ConvBN(1, stem_filters, 3, 1, momentum, epsilon, rngs=rngs)
+        self.block = ResidualBlock(stem_filters, block_filters, momentum, epsilon, rngs=rngs)
+        # Flax's own layer, deterministic (identity) unless a caller switches the model to Flax's train mode.
+        self.dropout = nnx.Dropout(dropout, deterministic=True)
+        self.head = nnx.Linear(block_filters, num_classes, rngs=rngs)
+
+    def __call__(self, images: jax.Array, dropout_mask: jax.Array | None = None) -> jax.Array:
+        x = nnx.relu(self.stem(images[..., None]))
+        pooled = self.block(x).mean(axis=(1, 2))
+        # nnx.Dropout is the identity in inference mode. A training step multiplies by the shared mask instead
+        # (rosetta_common.training.dropout_masks, already 0 or 1 / (1 - rate)) rather than letting nnx.Dropout
+        # draw one: its mask comes from JAX's threefry key, which torch and TF cannot reproduce, so the three
+        # frameworks would drop different units and their step losses could never agree.
+        pooled = self.dropout(pooled) if dropout_mask is None else pooled * dropout_mask
+        return self.head(pooled)
+
+
+class GRUCell(nnx.GRUCell):
+    """nnx.GRUCell with a bias on its recurrent Linear (b_hr, b_hz, b_hn), so that it computes torch's formula
+    n = tanh(x W_n + b_in + r * (h U_n + b_hn)) for any b_hn: Flax's own cell has no recurrent bias at all
+    (its docstring's b_hn is never created). Only dense_h changes; __call__ is Flax's."""
+
+    def __init__(self, in_features: int, hidden_features: int, *, rngs: nnx.Rngs) -> None:
+        super().__init__(in_features, hidden_features, rngs=rngs)
+        self.dense_h = nnx.Linear(hidden_features, 3 * hidden_features, use_bias=True, rngs=rngs)
+
+
+def zeros_carry(images: jax.Array, hidden: int) -> jax.Array:
+    return jnp.zeros((images.shape[0], hidden), images.dtype)
+
+
+class LSTMClassifier(nnx.Module):
+    """Each image row is a time step: nnx.RNN over nnx.OptimizedLSTMCell, its last hidden state, a head."""
+
+    def __init__(self, width: int, hidden: int, num_classes: int, *, rngs: nnx.Rngs) -> None:
+        self.hidden = hidden
+        self.lstm = nnx.RNN(nnx.OptimizedLSTMCell(width, hidden, rngs=rngs), return_carry=True, rngs=False)
+        self.head = nnx.Linear(hidden, num_classes, rngs=rngs)
+
+    def __call__(self, images: jax.Array) -> jax.Array:
+        zeros = zeros_carry(images, self.hidden)
+        (_, last_hidden), _ = self.lstm(images, initial_carry=(zeros, zeros))  # the carry is (c, h)
+        return self.head(last_hidden)
+
+
+class GRUClassifier(nnx.Module):
+    """Each image row is a time step: nnx.RNN over GRUCell (torch's formula), its last hidden state, a head."""
+
+    def __init__(self, width: int, hidden: int, num_classes: int, *, rngs: nnx.Rngs) -> None:
+        self.hidden = hidden
+        self.gru = nnx.RNN(GRUCell(width, hidden, rngs=rngs), return_carry=True, rngs=False)
+        self.head = nnx.Linear(hidden, num_classes, rngs=rngs)
+
+    def __call__(self, images: jax.Array) -> jax.Array:
+        last_hidden, _ = self.gru(images, initial_carry=zeros_carry(images, self.hidden))
+        return self.head(last_hidden)
+
+
+Model = MLP | CNN | AttentionClassifier | ResNet | LSTMClassifier | GRUClassifier
 
 
 def create(config: ModelConfig) -> Model:
@@ -136,9 +265,16 @@ def create(config: ModelConfig) -> Model:
             model = MLP(height, width, a.hidden, config.num_classes, rngs=rngs)
         elif config.arch == "cnn":
             model = CNN(height, width, a.conv1_filters, a.conv2_filters, config.num_classes, rngs=rngs)
-        else:  # "attention": ModelConfig admits no other architecture
+        elif config.arch == "attention":
             model = AttentionClassifier(height, width, a.embed_dim, a.num_heads, a.mlp_dim, a.layer_norm_eps,
                                         config.num_classes, rngs=rngs)
+        elif config.arch == "resnet":
+            model = ResNet(a.stem_filters, a.block_filters, a.dropout, a.batchnorm_momentum, a.batchnorm_epsilon,
+                           config.num_classes, rngs=rngs)
+        elif config.arch == "lstm":
+            model = LSTMClassifier(width, a.hidden, config.num_classes, rngs=rngs)
+        else:  # "gru": ModelConfig admits no other architecture
+            model = GRUClassifier(width, a.hidden, config.num_classes, rngs=rngs)
         model.config = config
         return model
 
@@ -166,3 +302,48 @@ def predict(model: Model, images: np.ndarray) -> np.ndarray:
     """Logits as float32 numpy; compiles once per new batch size (the graphdef is the static cache key)."""
     graphdef, state = nnx.split(model)
     return np.asarray(_forward(graphdef, state, jnp.asarray(images, jnp.float32)), dtype=np.float32)
+
+
+def training_view(model: Model) -> Model:
+    """The model in training mode, sharing its variables: BatchNorm on batch statistics (updating its running
+    ones). nnx.Dropout stays deterministic: a training step applies the shared mask itself (ResNet.__call__),
+    and no mask means no dropout, as the contract says. `model` itself stays in inference mode."""
+    return nnx.view(model, use_running_average=False, raise_if_not_found=False)
+
+
+def apply(model: Model, images: jax.Array, dropout_mask: jax.Array | None) -> jax.Array:
+    """The model's forward with the step's dropout mask, for the models that have dropout."""
+    return model(images) if dropout_mask is None else model(images, dropout_mask)
+
+
+@partial(jax.jit, static_argnums=0)
+def _forward_train(graphdef: nnx.GraphDef[Any], state: nnx.State, images: jax.Array,
+                   dropout_mask: jax.Array | None) -> tuple[jax.Array, nnx.State]:
+    model = nnx.merge(graphdef, state)
+    logits = apply(model, images, dropout_mask)
+    return logits, nnx.state(model, nnx.BatchStat)
+
+
+def check_dropout_mask(model: Model, images: np.ndarray, dropout_mask: np.ndarray | None) -> None:
+    """ValueError (one line) for a mask the model cannot use."""
+    if dropout_mask is None:
+        return
+    features = dropout_features(model.config)
+    if features is None:
+        raise ValueError(f"dropout_mask of shape {np.shape(dropout_mask)}: the {model.config.arch} model has no "
+                         "dropout; allowed: None")
+    if np.shape(dropout_mask) != (len(images), features):
+        raise ValueError(f"dropout_mask of shape {np.shape(dropout_mask)}: must be (batch, features) = "
+                         f"{(len(images), features)}")
+
+
+def forward_train(model: Model, images: np.ndarray, dropout_mask: np.ndarray | None) -> np.ndarray:
+    """One training-mode forward as a training step runs it, without a gradient: BatchNorm normalizes with the
+    batch's statistics and its running statistics move in place; the dropout mask (or none) multiplies the
+    pooled features. The model stays in inference mode (only a view of it trains)."""
+    check_dropout_mask(model, images, dropout_mask)
+    graphdef, state = nnx.split(training_view(model))
+    mask = None if dropout_mask is None else jnp.asarray(dropout_mask, jnp.float32)
+    logits, statistics = _forward_train(graphdef, state, jnp.asarray(images, jnp.float32), mask)
+    nnx.update(model, statistics)
+    return np.asarray(logits, dtype=np.float32)

@@ -1,9 +1,10 @@
 """configure(), make_optimizer(), apply_optimizer() and train(): one optax optimizer, one jax.jit train step,
 the TrainPlan's batches in the plan's order.
 
-The step follows Flax's NNX "functional" style (nnx.split once, jax.jit over the pure parameter state,
-nnx.merge inside): it is the pattern Flax's performance guide recommends for small models, where nnx.jit's
-per-call graph traversal would cost more than the step itself.
+The step follows Flax's NNX "functional" style (nnx.split once into parameters and BatchNorm statistics,
+jax.jit over those pure states, nnx.merge inside): it is the pattern Flax's performance guide recommends for
+small models, where nnx.jit's per-call graph traversal would cost more than the step itself. The optimizer
+sees the parameters only; the running statistics come out of each step's training-mode forward.
 """
 
 from __future__ import annotations
@@ -25,9 +26,9 @@ from rosetta_common.interface import TrainResult
 from rosetta_common.optim import adam_bias_corrections
 from rosetta_common.seeding import seed_everything
 from rosetta_common.spec import AdamSpec, SGDSpec
-from rosetta_common.training import OptimizerSpec, TrainPlan
+from rosetta_common.training import OptimizerSpec, TrainPlan, dropout_masks
 from rosetta_common.weights import Weights
-from rosetta_jax.models import Model
+from rosetta_jax.models import Model, apply, training_view
 
 
 def configure(seed: int) -> None:
@@ -116,53 +117,71 @@ def apply_optimizer(optimizer: OptimizerSpec, params: Weights, grads: Sequence[W
     return trajectory
 
 
-def loss_fn(model: Model, images: jax.Array, labels: jax.Array) -> jax.Array:
+def loss_fn(model: Model, images: jax.Array, labels: jax.Array, dropout_mask: jax.Array | None) -> jax.Array:
     """Mean softmax cross-entropy from logits and integer labels."""
-    return optax.softmax_cross_entropy_with_integer_labels(model(images), labels).mean()
+    return optax.softmax_cross_entropy_with_integer_labels(apply(model, images, dropout_mask), labels).mean()
 
 
-StepOut = tuple[nnx.State, optax.OptState, jax.Array]
-StepFn = Callable[[nnx.State, optax.OptState, jax.Array, jax.Array], StepOut]
+StepOut = tuple[nnx.State, nnx.State, optax.OptState, jax.Array]
+StepFn = Callable[[nnx.State, nnx.State, optax.OptState, jax.Array, jax.Array, jax.Array | None], StepOut]
 
 
 def make_train_step(graphdef: nnx.GraphDef[Any], tx: optax.GradientTransformation) -> StepFn:
+    """One jitted step of the model in training mode (`graphdef` of models.training_view): the gradient of the
+    loss with respect to the parameters only; BatchNorm's running statistics come out of the forward itself
+    (Flax updates them as it normalizes with the batch's), not out of the optimizer."""
+
     @jax.jit
-    def train_step(params: nnx.State, opt_state: optax.OptState, images: jax.Array, labels: jax.Array
-                   ) -> StepOut:
-        loss, grads = jax.value_and_grad(lambda p: loss_fn(nnx.merge(graphdef, p), images, labels))(params)
+    def train_step(params: nnx.State, statistics: nnx.State, opt_state: optax.OptState, images: jax.Array,
+                   labels: jax.Array, dropout_mask: jax.Array | None) -> StepOut:
+        def loss_and_statistics(p: nnx.State) -> tuple[jax.Array, nnx.State]:
+            # copy=True: fresh variables at the gradient's trace level, which BatchNorm may update (the
+            # statistics were made outside it; NNX refuses to mutate those, "different trace level").
+            model = nnx.merge(graphdef, p, statistics, copy=True)
+            return loss_fn(model, images, labels, dropout_mask), nnx.state(model, nnx.BatchStat)
+
+        (loss, statistics), grads = jax.value_and_grad(loss_and_statistics, has_aux=True)(params)
         updates, opt_state = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
+        return optax.apply_updates(params, updates), statistics, opt_state, loss
 
     return train_step
 
 
 def train(model: Model, plan: TrainPlan, data: Dataset) -> TrainResult:
-    """Train in place with the plan's optimizer on the plan's batches; every step's loss, each epoch's time."""
-    if plan.arch != model.config.arch:
-        raise ValueError(f"train: plan for {plan.arch!r} but the model is {model.config.arch!r}")
+    """Train in place with the plan's optimizer on the plan's batches, BatchNorm on batch statistics and each
+    step's shared dropout mask (rosetta_common.training.dropout_masks); every step's loss, each epoch's time.
+    The model itself stays in inference mode: a training view of it shares its variables."""
+    config = model.config
+    if plan.arch != config.arch:
+        raise ValueError(f"train: plan for {plan.arch!r} but the model is {config.arch!r}")
     tx = make_optimizer(model, plan.optimizer, plan.num_steps)
-    graphdef, params = nnx.split(model, nnx.Param)  # every state of these models is a Param
+    graphdef, params, statistics = nnx.split(training_view(model), nnx.Param, nnx.BatchStat)
     opt_state = tx.init(params)
     train_step = make_train_step(graphdef, tx)
+    masks = dropout_masks(plan, config)  # None for a model without dropout; else row s is step s's mask
+    device_masks = None if masks is None else jnp.asarray(masks)
 
     step_losses: list[float] = []
     epoch_losses: list[float] = []
     epoch_seconds: list[float] = []
+    step = 0
     start = time.perf_counter()
     with tqdm(range(plan.epochs), desc=f"jax {plan.arch}", unit="epoch", leave=False) as bar:
         for epoch in bar:
             epoch_start = time.perf_counter()
             losses = []  # device arrays: reading each one at once would stall JAX's async dispatch
             for idx in plan.batches(epoch):
-                params, opt_state, loss = train_step(params, opt_state, data.train_images[idx],
-                                                     data.train_labels[idx])
+                mask = None if device_masks is None else device_masks[step]
+                params, statistics, opt_state, loss = train_step(params, statistics, opt_state,
+                                                                 data.train_images[idx], data.train_labels[idx], mask)
                 losses.append(loss)
+                step += 1
             epoch_step_losses = [float(v) for v in jax.device_get(losses)]  # waits for the epoch's last step
             epoch_seconds.append(time.perf_counter() - epoch_start)
             step_losses += epoch_step_losses
             epoch_losses.append(float(np.mean(epoch_step_losses)))
             bar.set_postfix(loss=f"{epoch_losses[-1]:.4f}")
     train_seconds = time.perf_counter() - start
-    nnx.update(model, params)
+    nnx.update(model, params, statistics)
     return TrainResult(step_losses, epoch_losses, train_seconds, epoch_seconds,
                        extra={"steps": len(step_losses), "optimizer": plan.optimizer_name})

@@ -1,10 +1,28 @@
 """Canonical <-> Flax NNX weights, in one place: the contract's from_canonical() and to_canonical().
 
-The mapping is the identity on names and layouts: an NNX parameter's attribute path joined with "." is its
-canonical name (models.py names every submodule after the canonical convention), Flax dense kernels are
-(in, out) and conv kernels HWIO, and the CNN flattens NHWC, i.e. (h, w, c). So no tensor is transposed or
-permuted here; what this module does is check names and shapes, so that a model can never silently hold a
-tensor under the wrong name.
+An NNX variable's attribute path joined with "." is its native name, and models.py names every submodule
+after the canonical convention, so most names map to themselves; Flax dense kernels are (in, out) and conv
+kernels HWIO, and the CNN flattens NHWC, i.e. (h, w, c), so no tensor is transposed or permuted. What differs,
+and how each framework convention is reconciled with the spec's (rosetta_common.weights / spec.ResNetSpec):
+- BatchNorm running statistics: Flax's nnx.BatchNorm keeps them as BatchStat variables `mean` and `var`
+  (canonical `running_mean`, `running_var`); they are state, not parameters, so they are written and read
+  here but never handed to the optimizer (train.py differentiates nnx.Param only).
+- BatchNorm momentum: Flax's `momentum` is the weight of the old average, the spec's meaning, so models.py
+  passes the spec's number unchanged (flax_batchnorm_momentum); torch's would be 1 - m.
+- BatchNorm epsilon: the spec's value is passed (Flax's default 1e-5 happens to equal the spec's default).
+- BatchNorm variance: use_fast_variance=False, the two-pass biased variance, which normalizes the batch and
+  is what Flax averages into `var` (the spec's convention; torch averages the unbiased one).
+- "same" padding with stride 2: Flax's padding="SAME" is TensorFlow's (extra row/column bottom/right), the
+  spec's; nothing to map.
+- LSTM: nnx.OptimizedLSTMCell holds `dense_i.kernel` (in, 4h) without bias and `dense_h.kernel` (h, 4h) with
+  `dense_h.bias` (4h), gates split as i, f, g, o: canonical `lstm.kernel`, `lstm.recurrent_kernel`,
+  `lstm.bias` (the one bias lives on the hidden side in Flax; only the sum of torch's two enters the formula).
+- GRU: the cell (models.GRUCell) holds `dense_i.kernel`/`dense_i.bias` (input side, b_ir b_iz b_in) and
+  `dense_h.kernel`/`dense_h.bias` (hidden side, b_hr b_hz b_hn), gates r, z, n: canonical `gru.kernel`,
+  `gru.input_bias`, `gru.recurrent_kernel`, `gru.recurrent_bias`. Stock nnx.GRUCell has no `dense_h.bias`.
+- Gate order: Flax's (FLAX_GATES) equals the canonical one (CANONICAL_GATES) for both cells, so the gate
+  blocks are reordered by the identity permutation; it is written out so that a wrong order is one
+  constant away and the package's tests can plant it.
 """
 
 from __future__ import annotations
@@ -16,10 +34,78 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from rosetta_common.spec import ModelConfig
 from rosetta_common.weights import Weights, canonical_shapes, check_weights
 
 if TYPE_CHECKING:  # models.py imports this module for build()
     from rosetta_jax.models import Model
+
+# Every variable of these models: trainable parameters and BatchNorm's running statistics.
+VARIABLES = (nnx.Param, nnx.BatchStat)
+
+# Canonical name -> NNX path, where they differ (the RNN's cell sits under `<prefix>.cell`).
+RENAMED = {
+    "lstm.kernel": "lstm.cell.dense_i.kernel",
+    "lstm.recurrent_kernel": "lstm.cell.dense_h.kernel",
+    "lstm.bias": "lstm.cell.dense_h.bias",
+    "gru.kernel": "gru.cell.dense_i.kernel",
+    "gru.input_bias": "gru.cell.dense_i.bias",
+    "gru.recurrent_kernel": "gru.cell.dense_h.kernel",
+    "gru.recurrent_bias": "gru.cell.dense_h.bias",
+}
+# Canonical BatchNorm statistic suffix -> nnx.BatchNorm's variable name.
+BATCHNORM_STATISTICS = {"running_mean": "mean", "running_var": "var"}
+
+# Gate blocks along the last axis of every tensor of the recurrent layer, canonical and Flax's.
+CANONICAL_GATES = {"lstm": ("i", "f", "g", "o"), "gru": ("r", "z", "n")}
+FLAX_GATES = {"lstm": ("i", "f", "g", "o"), "gru": ("r", "z", "n")}
+
+
+def native_name(name: str) -> str:
+    """The NNX path of canonical `name`."""
+    if name in RENAMED:
+        return RENAMED[name]
+    prefix, _, leaf = name.rpartition(".")
+    return f"{prefix}.{BATCHNORM_STATISTICS[leaf]}" if leaf in BATCHNORM_STATISTICS else name
+
+
+def _reorder(value: np.ndarray, source: tuple[str, ...], target: tuple[str, ...]) -> np.ndarray:
+    """Gate blocks along the last axis from `source` order to `target` order (a copy, exact)."""
+    blocks = dict(zip(source, np.split(value, len(source), axis=-1), strict=True))
+    return np.concatenate([blocks[gate] for gate in target], axis=-1)
+
+
+def _gates(name: str) -> str | None:
+    """The recurrent layer whose gates `name` holds, or None."""
+    prefix = name.split(".", 1)[0]
+    return prefix if prefix in CANONICAL_GATES else None
+
+
+def to_native(config: ModelConfig, weights: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Canonical weights -> {NNX path: array in Flax's layout}."""
+    native = {}
+    for name in canonical_shapes(config):
+        value = np.asarray(weights[name])
+        if (layer := _gates(name)) is not None:
+            value = _reorder(value, CANONICAL_GATES[layer], FLAX_GATES[layer])
+        native[native_name(name)] = value
+    return native
+
+
+def from_native(config: ModelConfig, native: Mapping[str, Any]) -> Weights:
+    """{NNX path: array} -> canonical weights in canonical order (exact inverse of to_native). A path that is
+    missing is left out and one that is not the model's is kept under its own name, so that check_weights
+    names either."""
+    weights: Weights = {}
+    for name in canonical_shapes(config):
+        if native_name(name) not in native:
+            continue
+        value = np.array(native[native_name(name)], dtype=np.float32)
+        if (layer := _gates(name)) is not None:
+            value = _reorder(value, FLAX_GATES[layer], CANONICAL_GATES[layer])
+        weights[name] = value
+    known = {native_name(name) for name in canonical_shapes(config)}
+    return {**weights, **{path: np.asarray(v) for path, v in native.items() if path not in known}}
 
 
 def _nest(flat: Mapping[str, Any]) -> dict[str, Any]:
@@ -35,27 +121,27 @@ def _nest(flat: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _flat(state: nnx.State) -> dict[str, Any]:
-    """Flatten an NNX parameter state to {canonical name: array}."""
+    """Flatten an NNX state to {NNX path: array}."""
     return {".".join(str(p) for p in path): var.get_value() for path, var in nnx.to_flat_state(state)}
 
 
 def from_canonical(model: Model, weights: Mapping[str, np.ndarray]) -> None:
-    """Load canonical weights into `model`'s parameters, in place (WeightsError, one line, if they do not fit
-    the model's config)."""
+    """Load canonical weights (running statistics included) into `model`'s variables, in place (WeightsError,
+    one line, if they do not fit the model's config)."""
     config = model.config
     check_weights(weights, config, source=f"{config.arch} weights")
-    state = nnx.state(model, nnx.Param)
-    native = {name: tuple(v.shape) for name, v in _flat(state).items()}
-    expected = {name: tuple(np.shape(w)) for name, w in weights.items()}
-    if native != expected:  # models.py disagrees with canonical_shapes: a bug here, not in the caller's data
-        raise AssertionError(f"NNX parameters {native} differ from the canonical ones {expected}")
+    native = to_native(config, weights)
+    state = nnx.state(model, VARIABLES)
+    shapes = {name: tuple(v.shape) for name, v in _flat(state).items()}
+    expected = {name: tuple(np.shape(w)) for name, w in native.items()}
+    if shapes != expected:  # models.py disagrees with canonical_shapes: a bug here, not in the caller's data
+        raise AssertionError(f"NNX variables {shapes} differ from the canonical ones {expected}")
     # Copy (jnp.array) so the model never aliases the caller's numpy buffers.
-    nnx.replace_by_pure_dict(state, _nest({k: jnp.array(v, dtype=jnp.float32) for k, v in weights.items()}))
+    nnx.replace_by_pure_dict(state, _nest({k: jnp.array(v, dtype=jnp.float32) for k, v in native.items()}))
     nnx.update(model, state)
 
 
 def to_canonical(model: Model) -> Weights:
-    """The model's parameters as canonical numpy float32 arrays in canonical order (exact inverse of
+    """The model's variables as canonical numpy float32 arrays in canonical order (exact inverse of
     from_canonical)."""
-    flat = _flat(nnx.state(model, nnx.Param))
-    return {name: np.array(flat[name], dtype=np.float32) for name in canonical_shapes(model.config)}
+    return from_native(model.config, _flat(nnx.state(model, VARIABLES)))

@@ -14,7 +14,7 @@ if keras.backend.backend() != "tensorflow":
 
 from rosetta_common.interface import check_backend
 from rosetta_tf.export import export_native, export_onnx, load_native
-from rosetta_tf.models import build, model_config, predict
+from rosetta_tf.models import build, forward_train, model_config, predict
 from rosetta_tf.train import apply_optimizer, configure, make_optimizer, train
 from rosetta_tf.weights import from_canonical, to_canonical
 
@@ -27,6 +27,7 @@ __all__ = [
     "configure",
     "export_native",
     "export_onnx",
+    "forward_train",
     "from_canonical",
     "load_native",
     "make_optimizer",

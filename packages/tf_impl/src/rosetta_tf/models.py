@@ -1,9 +1,11 @@
-"""The three architectures as Keras 3 functional models (see rosetta_common.reference for their meaning), and
-the contract's build(), predict() and model_config().
+"""The six architectures as Keras 3 functional models (see rosetta_common.reference for their meaning), and
+the contract's build(), predict(), model_config() and forward_train().
 
-Every layer is named after its canonical parameter prefix ("hidden", "conv1", "block", ...), so
-weights.py maps names one to one. The attention block is written with keras.ops (not
-keras.layers.MultiHeadAttention, whose per-head kernels and all-or-nothing bias do not map one to one).
+Every layer is named after its canonical parameter prefix ("hidden", "conv1", "block", ...; dots become
+underscores: "block.shortcut.conv" is the layer "block_shortcut_conv"), so weights.py maps names one to one.
+The attention block is written with keras.ops (not keras.layers.MultiHeadAttention, whose per-head kernels
+and all-or-nothing bias do not map one to one). resnet, lstm and gru are Keras' own layers (Conv2D,
+BatchNormalization, Dropout, LSTM, GRU); weights.py documents how their conventions map to the canonical ones.
 Each model carries the validated ModelConfig it was built from (`model_config`): Keras' own model config
 knows layers, not the spec, so export.py stores it beside model.keras and puts it back on reload.
 """
@@ -20,7 +22,8 @@ import tensorflow as tf
 from keras import layers, ops
 
 from rosetta_common.onnx_conventions import INPUT_NAME
-from rosetta_common.spec import AttentionSpec, CNNSpec, MLPSpec, ModelConfig
+from rosetta_common.spec import AttentionSpec, CNNSpec, GRUSpec, LSTMSpec, MLPSpec, ModelConfig, ResNetSpec
+from rosetta_common.training import dropout_features
 from rosetta_common.weights import Weights
 from rosetta_tf import weights as _weights
 
@@ -152,7 +155,69 @@ def attention(settings: AttentionSpec, image_shape: tuple[int, int], num_classes
     return keras.Model(inputs, layers.Dense(num_classes, name="head")(x), name="attention")
 
 
-BUILDERS = {"mlp": mlp, "cnn": cnn, "attention": attention}
+def conv(filters: int, size: int, stride: int, name: str) -> layers.Conv2D:
+    """A bias-free convolution (a BatchNorm follows) with Keras' "same" padding, which is TensorFlow's and the
+    canonical one: ceil(size / stride) outputs, the odd extra row and column of a stride-2 conv at the bottom
+    and right (rosetta_common.reference.same_padding). torch's padding=1 would pad both sides instead."""
+    return layers.Conv2D(filters, size, strides=stride, padding="same", use_bias=False, name=name)
+
+
+def batchnorm(settings: ResNetSpec, name: str) -> layers.BatchNormalization:
+    """Keras' BatchNormalization has the spec's convention as it stands, so both numbers pass unchanged:
+    `momentum` is the weight of the old running value (running = m * running + (1 - m) * batch; torch's
+    `momentum` is 1 - m), and the running variance averages the biased batch variance (tf.nn.moments), the one
+    that normalizes. Only epsilon's default differs (Keras 1e-3): the spec's is always passed."""
+    return layers.BatchNormalization(momentum=settings.batchnorm_momentum, epsilon=settings.batchnorm_epsilon,
+                                     name=name)
+
+
+POOLED = "pool"  # the layer whose output (the pooled features) dropout acts on
+DROPOUT = "dropout"
+
+
+def resnet(settings: ResNetSpec, image_shape: tuple[int, int], num_classes: int) -> keras.Model:
+    s = settings
+    inputs = keras.Input(shape=image_shape, name="images")
+    x = AddChannel(name="add_channel")(inputs)
+    x = layers.ReLU(name="stem_relu")(batchnorm(s, "stem_bn")(conv(s.stem_filters, 3, 1, "stem_conv")(x)))
+    shortcut = batchnorm(s, "block_shortcut_bn")(conv(s.block_filters, 1, 2, "block_shortcut_conv")(x))
+    y = layers.ReLU(name="block_relu1")(batchnorm(s, "block_bn1")(conv(s.block_filters, 3, 2, "block_conv1")(x)))
+    y = batchnorm(s, "block_bn2")(conv(s.block_filters, 3, 1, "block_conv2")(y))
+    y = layers.ReLU(name="block_relu")(layers.Add(name="block_add")([y, shortcut]))
+    pooled = layers.GlobalAveragePooling2D(name=POOLED)(y)
+    # Keras' Dropout, identity whenever training is off (predict, every export). Training never runs it: the
+    # training model (training_model below) multiplies the pooled features by common's mask instead. The seed
+    # is pinned only so that the layer's seed-generator state (a variable, saved with the model) has the same
+    # bytes in every process; it never draws.
+    x = layers.Dropout(s.dropout, seed=0, name=DROPOUT)(pooled)
+    return keras.Model(inputs, layers.Dense(num_classes, name="head")(x), name="resnet")
+
+
+def lstm(settings: LSTMSpec, image_shape: tuple[int, int], num_classes: int) -> keras.Model:
+    inputs = keras.Input(shape=image_shape, name="images")  # each image row is one time step
+    # Keras' cell computes the reference's formula: z = x W + h U + b, gates i, f, c, o, sigmoid on i, f, o (the
+    # default recurrent_activation, passed explicitly because it matters), tanh on c and on the new cell state.
+    # unit_forget_bias only initializes the bias (to 1 on the forget block): build() overwrites it. seed: the
+    # cell's seed-generator state is a saved variable; pinned so that it is the same in every process (the cell
+    # has no dropout, it never draws).
+    x = layers.LSTM(settings.hidden, activation="tanh", recurrent_activation="sigmoid", seed=0, name="lstm")(inputs)
+    return keras.Model(inputs, layers.Dense(num_classes, name="head")(x), name="lstm")
+
+
+def gru(settings: GRUSpec, image_shape: tuple[int, int], num_classes: int) -> keras.Model:
+    inputs = keras.Input(shape=image_shape, name="images")  # each image row is one time step
+    # reset_after=True is torch's (and the canonical) formula: the reset gate multiplies h U_h + b_hh, so the
+    # recurrent bias sits inside it; Keras keeps both biases in one (2, 3h) variable (weights.py).
+    # unroll=True: tf2onnx has no pattern for Keras 3's GRU cell (it matches tf.keras 2's BiasAdd), so a rolled
+    # GRU converts to an ONNX Loop whose body it names and deduplicates differently in every process, and
+    # model.onnx would never have the same bytes twice. Unrolled (one step per image row: 8 for digits, 28 for
+    # MNIST), the graph is plain ops that onnx_conventions.canonical_names makes byte-stable.
+    x = layers.GRU(settings.hidden, activation="tanh", recurrent_activation="sigmoid", reset_after=True,
+                   unroll=True, seed=0, name="gru")(inputs)  # seed: as the LSTM's
+    return keras.Model(inputs, layers.Dense(num_classes, name="head")(x), name="gru")
+
+
+BUILDERS = {"mlp": mlp, "cnn": cnn, "attention": attention, "resnet": resnet, "lstm": lstm, "gru": gru}
 CONFIG_ATTR = _weights.CONFIG_ATTR  # the attribute a model keeps its ModelConfig under
 
 
@@ -172,7 +237,7 @@ def build(config: ModelConfig, weights: Weights) -> keras.Model:
     """The Keras model of `config` holding copies of these canonical weights (WeightsError if they do not fit).
 
     Keras has no persistent train/eval mode: predict() and the exports call the model with training=False,
-    and only fit() runs it with training=True.
+    and only fit() and forward_train() run it (or its training twin, training_model) with training=True.
     """
 
     model = create(config)
@@ -209,3 +274,68 @@ def _forward(model: keras.Model) -> Any:
 def predict(model: keras.Model, images: np.ndarray) -> np.ndarray:
     """Logits (batch, classes) float32 for float32 images (batch, height, width)."""
     return np.asarray(_forward(model)(tf.convert_to_tensor(np.asarray(images, np.float32))), dtype=np.float32)
+
+
+# The model fit trains and forward_train runs, per inference model (see training_model).
+_TRAINING: weakref.WeakKeyDictionary[keras.Model, keras.Model] = weakref.WeakKeyDictionary()
+MASK_INPUT = "dropout_mask"
+
+
+def training_model(model: keras.Model) -> keras.Model:
+    """The model a training step runs: `model` itself, or for a model with dropout a second functional model
+    over the same layers (so the same variables) that takes the step's dropout mask as a second input,
+    {"images", "dropout_mask"}, and multiplies the pooled features by it where `model` has its Dropout.
+
+    Why not Keras' Dropout in training: it draws its mask from TF's generator, which no other framework can
+    reproduce, so the three could never drop the same units and training parity would be lost; common draws
+    every step's mask from the seed (rosetta_common.training.dropout_masks) and each framework multiplies it in.
+    Why a second model, not a mask argument on the first: the inference model and its exports keep one input,
+    and fit feeds the mask as ordinary input data from the same tf.data stream as the images, so the training
+    step stays the one compiled graph of compile + fit (no per-step Python, no retracing): the same speed as the
+    models without dropout, and bitwise the reference's pooled * mask."""
+    if dropout_features(model_config(model)) is None:
+        return model
+    if model not in _TRAINING:
+        features = model.get_layer(POOLED).output  # the graph node of `model`: shared, not copied
+        mask = keras.Input(shape=features.shape[1:], name=MASK_INPUT)
+        dropped = layers.Multiply(name="apply_dropout_mask")([features, mask])
+        logits = model.get_layer("head")(dropped)
+        _TRAINING[model] = keras.Model({INPUT_NAME: model.inputs[0], MASK_INPUT: mask}, logits,
+                                       name=f"{model.name}_training")
+    return _TRAINING[model]
+
+
+_TRAIN_FORWARDS: weakref.WeakKeyDictionary[keras.Model, Any] = weakref.WeakKeyDictionary()
+
+
+def forward_train(model: keras.Model, images: np.ndarray, dropout_mask: np.ndarray | None) -> np.ndarray:
+    """One training-mode forward as fit's step runs it (a graph, training=True), without a gradient: BatchNorm
+    normalizes with the batch's statistics and moves its running statistics in place; `dropout_mask` (batch,
+    features) multiplies the pooled features (None: no dropout). Keras keeps no mode, so the model is in
+    inference mode again right after (predict calls it with training=False)."""
+    config = model_config(model)
+    images = np.asarray(images, np.float32)
+    features = dropout_features(config)
+    if features is None:
+        if dropout_mask is not None:
+            raise ValueError(f"dropout_mask of shape {np.shape(dropout_mask)}: the {config.arch} model has no "
+                             "dropout; allowed: None")
+        mask = None
+    else:
+        expected = (len(images), features)
+        mask = np.ones(expected, np.float32) if dropout_mask is None else np.asarray(dropout_mask, np.float32)
+        if mask.shape != expected:
+            raise ValueError(f"dropout_mask shape = {mask.shape}: allowed: {expected} (batch, pooled features)")
+    if model not in _TRAIN_FORWARDS:
+        trainer = training_model(model)
+        if mask is None:
+            _TRAIN_FORWARDS[model] = tf.function(lambda x: trainer(x, training=True),
+                                                 input_signature=[image_spec(model)])
+        else:
+            mask_spec = tf.TensorSpec([None, features], tf.float32, name=MASK_INPUT)
+            _TRAIN_FORWARDS[model] = tf.function(
+                lambda x, m: trainer({INPUT_NAME: x, MASK_INPUT: m}, training=True),
+                input_signature=[image_spec(model), mask_spec])
+    run = _TRAIN_FORWARDS[model]
+    logits = run(tf.constant(images)) if mask is None else run(tf.constant(images), tf.constant(mask))
+    return np.asarray(logits, dtype=np.float32)

@@ -4,6 +4,11 @@ Parity with the other frameworks needs three things Keras does not give by defau
 - torch's Adam formula (Keras' Adam adds epsilon before the bias correction): TorchAdam below;
 - exactly the common batches in exactly the common order: a tf.data pipeline over the plan's index
   batches (TrainPlan.all_batches), consumed by fit with steps_per_epoch;
+- for a model with dropout, the same dropped units as the other frameworks: each step's mask from
+  rosetta_common.training.dropout_masks rides in the same tf.data stream, as the second input of the
+  model's training twin (models.training_model), so fit's one compiled step applies it;
+- BatchNorm in training mode: fit runs the model with training=True, so each step normalizes with its
+  batch's statistics and moves the running statistics by the spec's convention (models.batchnorm);
 - the exact float32 loss of every step: Keras' logs["loss"] is a running mean over the epoch, so the
   StepLoss metric keeps the last batch's loss, computed with the very loss object fit differentiates.
 """
@@ -23,11 +28,12 @@ from tqdm.auto import tqdm
 from rosetta_common.data import Dataset
 from rosetta_common.errors import TrainingError
 from rosetta_common.interface import TrainResult
+from rosetta_common.onnx_conventions import INPUT_NAME
 from rosetta_common.seeding import seed_everything
 from rosetta_common.spec import AdamSpec, SGDSpec
-from rosetta_common.training import OptimizerSpec, TrainPlan
+from rosetta_common.training import OptimizerSpec, TrainPlan, dropout_masks
 from rosetta_common.weights import Weights
-from rosetta_tf.models import PACKAGE
+from rosetta_tf.models import MASK_INPUT, PACKAGE, model_config, training_model
 
 
 def configure(seed: int) -> None:
@@ -164,32 +170,43 @@ class _Record(keras.callbacks.Callback):
         self.bar.close()
 
 
-def plan_batches(plan: TrainPlan, data: Dataset) -> tf.data.Dataset:
-    """All epochs' batches, in the plan's order, as one tf.data stream.
+def plan_batches(plan: TrainPlan, data: Dataset, masks: np.ndarray | None = None) -> tf.data.Dataset:
+    """All epochs' batches, in the plan's order, as one tf.data stream; with `masks` (num_steps, batch,
+    features), step s also carries masks[s], and the inputs are the training model's dict.
 
     The gather runs inside tf.data so fit never goes back to Python for data.
     """
     if plan.num_samples != len(data.train_labels):
         raise ValueError(f"the plan is for {plan.num_samples} training samples, the data has {len(data.train_labels)}")
     images, labels = tf.constant(data.train_images, tf.float32), tf.constant(data.train_labels, tf.int64)
-    ds = tf.data.Dataset.from_tensor_slices(plan.all_batches())
-    return ds.map(lambda idx: (tf.gather(images, idx), tf.gather(labels, idx))).prefetch(2)
+    if masks is None:
+        ds = tf.data.Dataset.from_tensor_slices(plan.all_batches())
+        return ds.map(lambda idx: (tf.gather(images, idx), tf.gather(labels, idx))).prefetch(2)
+    ds = tf.data.Dataset.from_tensor_slices((plan.all_batches(), masks))
+    return ds.map(lambda idx, mask: ({INPUT_NAME: tf.gather(images, idx), MASK_INPUT: mask},
+                                     tf.gather(labels, idx))).prefetch(2)
 
 
 def train(model: keras.Model, plan: TrainPlan, data: Dataset) -> TrainResult:
     """Train `model` in place with compile + fit on the plan's batches; every step's loss and each epoch's time.
 
-    The model stays in inference mode afterwards: Keras keeps no mode, and predict() calls it with
-    training=False.
+    A model with dropout trains through its training twin (models.training_model: the same layers and
+    variables, plus the step's dropout mask as an input); the others train as they are. The model stays in
+    inference mode afterwards: Keras keeps no mode, and predict() calls it with training=False.
     """
+    config = model_config(model)
+    if plan.arch != config.arch:
+        raise ValueError(f"plan.arch = {plan.arch!r}: the model is a {config.arch} model; allowed: {config.arch!r}")
+    masks = dropout_masks(plan, config)  # None for a model without dropout
+    trainer = training_model(model)
     # jit_compile=False: XLA fuses differently from the other frameworks' kernels (and Keras would
     # switch it on when a GPU is present); steps_per_execution=1 so every step's loss is seen.
-    model.compile(optimizer=make_optimizer(model, plan.optimizer, plan.num_steps), loss=make_loss(),
-                  metrics=[StepLoss()], jit_compile=False, steps_per_execution=1)
+    trainer.compile(optimizer=make_optimizer(model, plan.optimizer, plan.num_steps), loss=make_loss(),
+                    metrics=[StepLoss()], jit_compile=False, steps_per_execution=1)
     record = _Record(plan.num_steps, desc=f"tf {plan.arch}")
     start = time.perf_counter()
-    model.fit(plan_batches(plan, data), epochs=plan.epochs, steps_per_epoch=plan.steps_per_epoch, shuffle=False,
-              verbose=0, callbacks=[record])
+    trainer.fit(plan_batches(plan, data, masks), epochs=plan.epochs, steps_per_epoch=plan.steps_per_epoch,
+                shuffle=False, verbose=0, callbacks=[record])
     seconds = time.perf_counter() - start
     losses, steps = record.step_losses, plan.steps_per_epoch
     if not np.isfinite(losses).all():

@@ -1,13 +1,28 @@
 """Canonical <-> Keras weights, in one place: the contract's from_canonical() and to_canonical().
 
-Keras already keeps the canonical layouts (dense kernels (in, out), conv kernels HWIO, NHWC flatten),
-so the mapping is by name only: values are copied unchanged. LayerNorm's `scale`/`bias` are Keras'
-`gamma`/`beta`.
+Keras already keeps most canonical layouts (dense kernels (in, out), conv kernels HWIO, NHWC flatten), so
+most of the mapping is by name only: values are copied unchanged. LayerNorm's `scale`/`bias` are Keras'
+`gamma`/`beta`. The conventions of the newer models, each reconciled here or in models.py:
+- BatchNorm: `scale`, `bias`, `running_mean`, `running_var` are Keras' `gamma`, `beta`, `moving_mean`,
+  `moving_variance`. Keras' `momentum` means what the spec's does (weight of the old running value: running =
+  m * running + (1 - m) * batch), so models.batchnorm passes it unchanged (torch's would be 1 - m). Keras
+  averages the biased batch variance (tf.nn.moments), the spec's convention: no correction (torch needs one).
+  Keras' default epsilon is 1e-3: the spec's (1e-5 by default) is always passed.
+- Padding: Keras' Conv2D(padding="same") is TensorFlow's "same", the canonical one (for stride 2, the odd
+  extra row/column at the bottom/right), so kernels map unchanged; nothing pads by hand (models.conv).
+- Dropout: no weights; the Dropout layer's seed-generator state is a Keras variable but no weight.
+- LSTM: Keras' `kernel` (in, 4h), `recurrent_kernel` (h, 4h) and single `bias` (4h) have the canonical gate
+  order i, f, c(=g), o and the canonical single bias (torch's two biases are summed in canonical form): the
+  identity (LSTM_GATES), stated so that a permutation cannot creep in unnoticed.
+- GRU: Keras' gate blocks are z, r, h, the canonical ones r, z, n: kernel, recurrent kernel and both biases
+  are permuted (GRU_GATES). With reset_after=True (torch's formula) Keras keeps the two biases in one (2, 3h)
+  variable: row 0 is the input bias, row 1 the recurrent bias, the one inside r * (h U + b) (GRU_BIAS_ROWS).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import keras
 import numpy as np
@@ -16,6 +31,38 @@ from rosetta_common.spec import ModelConfig
 from rosetta_common.weights import Weights, canonical_shapes, check_weights
 
 CONFIG_ATTR = "rosetta_config"  # where models.build records the model's ModelConfig
+
+# Keras gate block j holds canonical gate block GATES[j] (canonical LSTM i, f, g, o; GRU r, z, n).
+LSTM_GATES = (0, 1, 2, 3)  # Keras i, f, c, o: the same order
+GRU_GATES = (1, 0, 2)  # Keras z, r, h = canonical z, r, n
+GRU_BIAS_ROWS = {"input_bias": 0, "recurrent_bias": 1}  # rows of Keras' (2, 3h) GRU bias (reset_after=True)
+BATCHNORM = {"scale": "gamma", "bias": "beta", "running_mean": "moving_mean", "running_var": "moving_variance"}
+
+
+@dataclass(frozen=True)
+class Binding:
+    """Where one canonical tensor lives in a Keras model: a variable, or one row of it (the GRU's two biases
+    share one variable), with its gate blocks in Keras' order (`gates`: Keras block j is canonical block
+    gates[j]; None: no gate blocks)."""
+
+    variable: keras.Variable
+    row: int | None = None
+    gates: tuple[int, ...] | None = None
+
+    def to_keras(self, value: np.ndarray) -> np.ndarray:
+        if self.gates is None:
+            return value
+        blocks = np.split(value, len(self.gates), axis=-1)
+        return np.concatenate([blocks[g] for g in self.gates], axis=-1)
+
+    def from_keras(self, value: np.ndarray) -> np.ndarray:
+        if self.gates is None:
+            return value
+        blocks = np.split(value, len(self.gates), axis=-1)
+        canonical = [blocks[0]] * len(blocks)
+        for keras_block, gate in enumerate(self.gates):
+            canonical[gate] = blocks[keras_block]
+        return np.concatenate(canonical, axis=-1)
 
 
 def _config(model: keras.Model) -> ModelConfig:
@@ -27,39 +74,56 @@ def _config(model: keras.Model) -> ModelConfig:
     return config
 
 
-def keras_variables(model: keras.Model) -> dict[str, keras.Variable]:
-    """Canonical name -> the model's variable, in canonical order (rosetta_common.weights.canonical_shapes)."""
+def _layer(model: keras.Model, prefix: str) -> keras.layers.Layer:
+    return model.get_layer(prefix.replace(".", "_"))  # canonical "block.conv1" is the layer "block_conv1"
+
+
+def _attention(model: keras.Model) -> dict[str, Binding]:
+    block = model.get_layer("block")
+    attn = block.attn
+    found = {
+        "pos_embedding": model.get_layer("pos_embedding").pos_embedding,
+        "block.norm1.scale": block.norm1.gamma,
+        "block.norm1.bias": block.norm1.beta,
+        "block.attn.query.kernel": attn.query.kernel,
+        "block.attn.key.kernel": attn.key.kernel,
+        "block.attn.value.kernel": attn.value.kernel,
+        "block.attn.out.kernel": attn.out.kernel,
+        "block.attn.out.bias": attn.out.bias,
+        "block.norm2.scale": block.norm2.gamma,
+        "block.norm2.bias": block.norm2.beta,
+        "block.mlp.fc1.kernel": block.fc1.kernel,
+        "block.mlp.fc1.bias": block.fc1.bias,
+        "block.mlp.fc2.kernel": block.fc2.kernel,
+        "block.mlp.fc2.bias": block.fc2.bias,
+    }
+    final = model.get_layer("final_norm")
+    found["final_norm.scale"], found["final_norm.bias"] = final.gamma, final.beta
+    return {name: Binding(variable) for name, variable in found.items()}
+
+
+def bindings(model: keras.Model) -> dict[str, Binding]:
+    """Canonical name -> where it lives in the model, in canonical order (rosetta_common.weights.canonical_shapes)."""
     config = _config(model)
-    found: dict[str, keras.Variable] = {}
-    if config.arch in ("mlp", "cnn"):
-        for name in ("hidden", "head") if config.arch == "mlp" else ("conv1", "conv2", "head"):
-            layer = model.get_layer(name)
-            found[f"{name}.kernel"], found[f"{name}.bias"] = layer.kernel, layer.bias
-    else:  # attention
-        block = model.get_layer("block")
-        attn = block.attn
-        found = {
-            "pos_embedding": model.get_layer("pos_embedding").pos_embedding,
-            "block.norm1.scale": block.norm1.gamma,
-            "block.norm1.bias": block.norm1.beta,
-            "block.attn.query.kernel": attn.query.kernel,
-            "block.attn.key.kernel": attn.key.kernel,
-            "block.attn.value.kernel": attn.value.kernel,
-            "block.attn.out.kernel": attn.out.kernel,
-            "block.attn.out.bias": attn.out.bias,
-            "block.norm2.scale": block.norm2.gamma,
-            "block.norm2.bias": block.norm2.beta,
-            "block.mlp.fc1.kernel": block.fc1.kernel,
-            "block.mlp.fc1.bias": block.fc1.bias,
-            "block.mlp.fc2.kernel": block.fc2.kernel,
-            "block.mlp.fc2.bias": block.fc2.bias,
-        }
-        for name in ("embed", "head"):
-            layer = model.get_layer(name)
-            found[f"{name}.kernel"], found[f"{name}.bias"] = layer.kernel, layer.bias
-        final = model.get_layer("final_norm")
-        found["final_norm.scale"], found["final_norm.bias"] = final.gamma, final.beta
-    # Ordered by the canonical list, and a KeyError here would be a canonical name this mapping forgot.
+    found: dict[str, Binding] = {}
+    for name in canonical_shapes(config):
+        prefix, _, leaf = name.rpartition(".")
+        if config.arch == "attention" and prefix not in ("embed", "head"):
+            continue  # the nested block, below
+        layer = _layer(model, prefix)
+        if isinstance(layer, keras.layers.BatchNormalization):
+            found[name] = Binding(getattr(layer, BATCHNORM[leaf]))
+        elif isinstance(layer, keras.layers.LSTM):  # kernel, recurrent_kernel, bias: one variable each
+            found[name] = Binding(getattr(layer.cell, leaf), gates=LSTM_GATES)
+        elif isinstance(layer, keras.layers.GRU) and leaf in GRU_BIAS_ROWS:
+            found[name] = Binding(layer.cell.bias, row=GRU_BIAS_ROWS[leaf], gates=GRU_GATES)
+        elif isinstance(layer, keras.layers.GRU):
+            found[name] = Binding(getattr(layer.cell, leaf), gates=GRU_GATES)
+        else:  # Dense and Conv2D: kernel and bias by name
+            found[name] = Binding(getattr(layer, leaf))
+    if config.arch == "attention":
+        found.update(_attention(model))
+    # Ordered by the canonical list; a KeyError here would be a canonical name this mapping forgot.
     return {name: found[name] for name in canonical_shapes(config)}
 
 
@@ -67,10 +131,27 @@ def from_canonical(model: keras.Model, weights: Mapping[str, np.ndarray]) -> Non
     """Assign canonical weights to the model's variables (copies); WeightsError unless they fit its config."""
     config = _config(model)
     check_weights(weights, config, source=f"{config.arch} weights")
-    for name, variable in keras_variables(model).items():
-        variable.assign(np.asarray(weights[name], dtype=np.float32))
+    values: dict[int, tuple[keras.Variable, np.ndarray]] = {}  # one assignment per variable, rows gathered
+    for name, binding in bindings(model).items():
+        variable = binding.variable
+        value = binding.to_keras(np.asarray(weights[name], dtype=np.float32))
+        if binding.row is None:
+            values[id(variable)] = (variable, value.copy())
+        else:
+            whole = values.setdefault(id(variable), (variable, np.array(variable.numpy(), np.float32)))[1]
+            whole[binding.row] = value
+    for variable, value in values.values():
+        if tuple(value.shape) != tuple(variable.shape):  # a mapping bug, not bad input (check_weights ran)
+            raise ValueError(f"{variable.path}: mapped shape {value.shape}, Keras holds {tuple(variable.shape)}")
+        variable.assign(value)
 
 
 def to_canonical(model: keras.Model) -> Weights:
-    """The model's weights as float32 numpy copies, in canonical names and order."""
-    return {name: np.array(variable.numpy(), dtype=np.float32) for name, variable in keras_variables(model).items()}
+    """The model's weights as float32 numpy copies, in canonical names, order and layout."""
+    out: Weights = {}
+    for name, binding in bindings(model).items():
+        value = np.array(binding.variable.numpy(), dtype=np.float32)
+        if binding.row is not None:
+            value = value[binding.row]
+        out[name] = np.ascontiguousarray(binding.from_keras(value))
+    return out

@@ -5,13 +5,13 @@ import sys
 
 from rosetta_common.interface import check_backend
 from rosetta_torch.export import export_native, export_onnx, load_native
-from rosetta_torch.models import build, model_config, predict
+from rosetta_torch.models import build, forward_train, model_config, predict
 from rosetta_torch.train import apply_optimizer, configure, make_optimizer, train
 from rosetta_torch.weights import from_canonical, to_canonical
 
 FRAMEWORK = "torch"
 
-__all__ = ["FRAMEWORK", "apply_optimizer", "build", "configure", "export_native", "export_onnx", "from_canonical",
-           "load_native", "make_optimizer", "model_config", "predict", "to_canonical", "train"]
+__all__ = ["FRAMEWORK", "apply_optimizer", "build", "configure", "export_native", "export_onnx", "forward_train",
+           "from_canonical", "load_native", "make_optimizer", "model_config", "predict", "to_canonical", "train"]
 
 check_backend(sys.modules[__name__])  # a missing or misplaced contract function fails here, named

@@ -1,5 +1,10 @@
 """Export: the state dict as safetensors, the program as torch.export's .pt2, and ONNX through the
-dynamo-based torch.onnx exporter; every format keeps a dynamic batch dimension and none holds a pickle."""
+dynamo-based torch.onnx exporter; every format keeps a dynamic batch dimension and none holds a pickle.
+
+Every export is made from an eval() twin of the model (_cpu_copy), so it runs in inference mode: BatchNorm on
+its running statistics (folded into the convolutions in ONNX), dropout the identity (absent from ONNX).
+nn.LSTM and nn.GRU come out as one ONNX LSTM / GRU op each (GRU with linear_before_reset=1, torch's formula),
+with no Loop, Scan or unrolled steps."""
 
 from __future__ import annotations
 
@@ -59,7 +64,8 @@ def export_native(model: nn.Module, out_dir: Path, example: np.ndarray) -> list[
     metadata = {METADATA_KEY: json.dumps({"format": FORMAT, "config": twin.config.model_dump(mode="json"),
                                           "torch_version": torch.__version__}, sort_keys=True)}
     try:
-        program = torch.export.export(twin, _example(example), dynamic_shapes=_dynamic_batch())
+        with _quiet_tracing():
+            program = torch.export.export(twin, _example(example), dynamic_shapes=_dynamic_batch())
     except Exception as error:  # torch.export raises many types; the user needs the first line of one
         raise ExportError(f"torch.export of {twin.config.arch}: {one_line(str(error))}") from error
     program.example_inputs = None  # else they are saved with torch.save, a pickle
@@ -150,14 +156,27 @@ def load_native(out_dir: Path) -> dict[str, Predict]:
 
 
 @contextlib.contextmanager
+def _quiet_tracing() -> Iterator[None]:
+    """Hide torch 2.13's harmless notices while it traces our models: nn.LSTM / nn.GRU refresh their
+    `_flat_weights` list (plain attributes) on every call, which torch.export reports as "tensor attributes
+    ... assigned during export" though they only alias the registered parameters; and torch's own dynamic-shape
+    RNN decomposition (torch.export._patches, tried by torch.onnx) calls the deprecated `_check_is_size`."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*_flat_weights.*assigned during export.*", category=UserWarning)
+        warnings.filterwarnings("ignore", message=r".*_check_is_size will be removed.*", category=FutureWarning)
+        yield
+
+
+@contextlib.contextmanager
 def _quiet_exporter() -> Iterator[None]:
-    """Hide two harmless notices of torch 2.13's exporter: "torchvision is not installed" (logged once per
-    process) and a FutureWarning about LeafSpec raised inside torch.export's own decompositions."""
+    """_quiet_tracing, and two more harmless notices of torch 2.13's ONNX exporter: "torchvision is not
+    installed" (logged once per process) and a FutureWarning about LeafSpec raised inside torch.export's own
+    decompositions."""
     registration = logging.getLogger("torch.onnx._internal.exporter._registration")
     level = registration.level
     registration.setLevel(logging.ERROR)
     try:
-        with warnings.catch_warnings():
+        with _quiet_tracing(), warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=r".*LeafSpec.*", category=FutureWarning)
             yield
     finally:

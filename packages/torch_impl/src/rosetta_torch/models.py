@@ -1,8 +1,24 @@
-"""The three architectures as plain `nn.Module`s, written the way the PyTorch docs write them.
+"""The six architectures as plain `nn.Module`s, written the way the PyTorch docs write them, with torch's own
+layers (nn.Conv2d, nn.BatchNorm2d, nn.Dropout, nn.LSTM, nn.GRU): no hand-rolled math.
 
-Attribute names mirror the canonical weight names (`block.attn.query`, `head`, ...), so the state dict's
-keys are the canonical names with `kernel`/`scale` read as `weight`; `weights.py` holds the layout
-conversion (transposes, and the CNN head's row permutation) in one place.
+Attribute names mirror the canonical weight names (`block.attn.query`, `block.bn1`, `lstm`, `head`, ...), so
+the state dict's keys are the canonical names with `kernel`/`scale` read as `weight` (the recurrent layers'
+names are torch's own, `weight_ih_l0` ...); `weights.py` holds the layout conversion (transposes, the CNN
+head's row permutation, the gate blocks and the LSTM's bias split) in one place.
+
+The conventions torch does not share with the spec are reconciled here, where the layers are made:
+- BatchNorm momentum: the spec's `batchnorm_momentum` is the weight of the old running average (Keras',
+  Flax's meaning); torch's `momentum` is the weight of the new batch, so it gets 1 - the spec's value
+  (`torch_momentum`);
+- BatchNorm running variance: torch averages the unbiased batch variance (n / (n - 1) times the biased one
+  that normalizes the batch); the spec averages the biased one. `BatchNorm2d` (torch's, subclassed) corrects
+  the running variance after every training-mode forward, so the training loop and `forward_train` both
+  follow the spec with no extra step (`corrected_running_var`);
+- "same" padding with stride 2: TensorFlow's, the extra row/column at the bottom/right
+  (rosetta_common.reference.same_padding); torch's `padding=1` pads both sides and torch refuses
+  padding="same" for strides above 1, so every ResNet conv is preceded by an explicit nn.ZeroPad2d;
+- dropout: the model keeps nn.Dropout (identity in eval mode); a training step multiplies by the shared mask
+  instead (ResNet.forward says why).
 """
 
 from __future__ import annotations
@@ -14,7 +30,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rosetta_common.spec import AttentionSpec, CNNSpec, MLPSpec, ModelConfig
+from rosetta_common.reference import same_padding
+from rosetta_common.spec import AttentionSpec, CNNSpec, GRUSpec, LSTMSpec, MLPSpec, ModelConfig, ResNetSpec
+from rosetta_common.training import dropout_features
 from rosetta_common.weights import Weights
 from rosetta_torch.weights import from_canonical
 
@@ -115,6 +133,141 @@ class AttentionClassifier(nn.Module):
         return self.head(x.mean(dim=1))
 
 
+def torch_momentum(batchnorm_momentum: float) -> float:
+    """torch's BatchNorm `momentum` (the new batch's weight) for the spec's (the old average's weight)."""
+    return 1.0 - batchnorm_momentum
+
+
+def corrected_running_var(running_var: torch.Tensor, previous: torch.Tensor, momentum: float, n: int) -> torch.Tensor:
+    """torch's running-variance update, which averages the unbiased batch variance, turned into the spec's, which
+    averages the biased one (exact algebra, no batch statistic recomputed): torch made
+    new = (1 - momentum) * previous + momentum * var * n / (n - 1), so momentum * var * n / (n - 1) is
+    new - (1 - momentum) * previous, and the spec's value is new - (new - (1 - momentum) * previous) / n."""
+    return running_var - (running_var - (1.0 - momentum) * previous) / n
+
+
+class BatchNorm2d(nn.BatchNorm2d):
+    """torch's BatchNorm2d (its own kernel normalizes and updates the statistics), whose running variance
+    follows the spec: after every training-mode forward, torch's update with the unbiased batch variance is
+    corrected to the biased one (corrected_running_var), in the training loop and in forward_train alike. In
+    eval mode it is nn.BatchNorm2d unchanged, so exports see only torch's op."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not (self.training and self.track_running_stats):
+            return super().forward(x)
+        previous = self.running_var.clone()
+        out = super().forward(x)
+        with torch.no_grad():
+            # A new tensor, not an in-place update: autograd saved the buffer torch's kernel just wrote, and an
+            # in-place change would fail the backward's version check.
+            self.running_var = corrected_running_var(self.running_var, previous, self.momentum, x.numel() // x.shape[1])
+        return out
+
+
+def same_pad(size: tuple[int, int], kernel: int, stride: int) -> nn.ZeroPad2d:
+    """TensorFlow's "same" padding for an input of `size` (height, width), as nn.ZeroPad2d's
+    (left, right, top, bottom)."""
+    top, bottom = same_padding(size[0], kernel, stride)
+    left, right = same_padding(size[1], kernel, stride)
+    return nn.ZeroPad2d((left, right, top, bottom))
+
+
+def conv_out(size: tuple[int, int], stride: int) -> tuple[int, int]:
+    """Output size of a "same" convolution: ceil(size / stride)."""
+    return -(-size[0] // stride), -(-size[1] // stride)
+
+
+class ConvBN(nn.Module):
+    """ZeroPad2d ("same"), Conv2d without bias, BatchNorm2d: `conv` and `bn` as the canonical names have them."""
+
+    def __init__(self, size: tuple[int, int], in_channels: int, out_channels: int, kernel: int, stride: int,
+                 momentum: float, eps: float) -> None:
+        super().__init__()
+        self.pad = same_pad(size, kernel, stride)
+        self.conv = nn.Conv2d(in_channels, out_channels, kernel, stride=stride, bias=False)
+        self.bn = BatchNorm2d(out_channels, eps=eps, momentum=torch_momentum(momentum))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.bn(self.conv(self.pad(x)))
+
+
+class ResidualBlock(nn.Module):
+    """conv3x3 stride 2 + BN + ReLU, conv3x3 + BN; shortcut conv1x1 stride 2 + BN; add; ReLU.
+
+    The canonical names are block.conv1 / block.bn1 (not block.conv1.conv), so the two main-path convs keep
+    their padding, conv and norm as separate attributes; the shortcut is one ConvBN (block.shortcut.conv/bn)."""
+
+    def __init__(self, size: tuple[int, int], in_channels: int, filters: int, momentum: float, eps: float) -> None:
+        super().__init__()
+        half = conv_out(size, 2)
+        self.pad1 = same_pad(size, 3, 2)
+        self.conv1 = nn.Conv2d(in_channels, filters, 3, stride=2, bias=False)
+        self.bn1 = BatchNorm2d(filters, eps=eps, momentum=torch_momentum(momentum))
+        self.pad2 = same_pad(half, 3, 1)
+        self.conv2 = nn.Conv2d(filters, filters, 3, bias=False)
+        self.bn2 = BatchNorm2d(filters, eps=eps, momentum=torch_momentum(momentum))
+        self.shortcut = ConvBN(size, in_channels, filters, 1, 2, momentum, eps)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.relu(self.bn1(self.conv1(self.pad1(x))))
+        y = self.bn2(self.conv2(self.pad2(y)))
+        return F.relu(y + self.shortcut(x))
+
+
+class ResNet(nn.Module):
+    """Stem (conv3x3 + BN + ReLU), one residual block, global average pool, dropout, Linear."""
+
+    def __init__(self, image_shape: tuple[int, int], spec: ResNetSpec, num_classes: int) -> None:
+        super().__init__()
+        m, eps = spec.batchnorm_momentum, spec.batchnorm_epsilon
+        self.stem = ConvBN(image_shape, 1, spec.stem_filters, 3, 1, m, eps)
+        self.block = ResidualBlock(image_shape, spec.stem_filters, spec.block_filters, m, eps)
+        self.dropout = nn.Dropout(spec.dropout)
+        self.head = nn.Linear(spec.block_filters, num_classes)
+
+    def forward(self, images: torch.Tensor, dropout_mask: torch.Tensor | None = None) -> torch.Tensor:
+        x = F.relu(self.stem(images.unsqueeze(1)))
+        pooled = self.block(x).mean(dim=(2, 3))
+        # Training with a mask: nn.Dropout would draw its mask from torch's generator, which TF's and JAX's cannot
+        # reproduce, so the three frameworks would drop different units and their losses part at the first step;
+        # the mask drawn once in common (0 or 1 / (1 - rate), inverted dropout as nn.Dropout scales) keeps them
+        # step for step alike. Otherwise nn.Dropout: the identity in eval mode, which every export runs.
+        dropped = pooled * dropout_mask if self.training and dropout_mask is not None else self.dropout(pooled)
+        return self.head(dropped)
+
+
+class LSTMClassifier(nn.Module):
+    """Each image row is a time step: nn.LSTM (one layer, batch_first), the last hidden state, Linear.
+
+    torch's LSTM has two biases (bias_ih, bias_hh) where the canonical layout, Keras and Flax have one: the
+    canonical bias goes to bias_ih_l0 (weights.py), and bias_hh_l0 stays zero and frozen, so that the model
+    trains one bias as the other frameworks do (two trainable copies would move their sum twice as fast)."""
+
+    def __init__(self, width: int, hidden: int, num_classes: int) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(width, hidden, batch_first=True)
+        self.lstm.bias_hh_l0.requires_grad_(False)
+        self.head = nn.Linear(hidden, num_classes)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:  # (B, H, W): H steps of W features
+        outputs, _ = self.lstm(images)
+        return self.head(outputs[:, -1])  # one layer: the last step's output is the last hidden state
+
+
+class GRUClassifier(nn.Module):
+    """Each image row is a time step: nn.GRU (one layer, batch_first), the last hidden state, Linear. torch's
+    GRU formula is the spec's (Keras' reset_after=True): both biases are canonical and trained."""
+
+    def __init__(self, width: int, hidden: int, num_classes: int) -> None:
+        super().__init__()
+        self.gru = nn.GRU(width, hidden, batch_first=True)
+        self.head = nn.Linear(hidden, num_classes)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:  # (B, H, W): H steps of W features
+        outputs, _ = self.gru(images)
+        return self.head(outputs[:, -1])
+
+
 def make_module(config: ModelConfig) -> nn.Module:
     """A freshly initialised module of `config.arch`, recording `config` as `model.config`.
 
@@ -130,6 +283,12 @@ def make_module(config: ModelConfig) -> nn.Module:
     elif isinstance(s, AttentionSpec):
         model = AttentionClassifier(height, width, s.embed_dim, s.num_heads, s.mlp_dim, s.layer_norm_eps,
                                     num_classes)
+    elif isinstance(s, ResNetSpec):
+        model = ResNet((height, width), s, num_classes)
+    elif isinstance(s, LSTMSpec):
+        model = LSTMClassifier(width, s.hidden, num_classes)
+    elif isinstance(s, GRUSpec):
+        model = GRUClassifier(width, s.hidden, num_classes)
     else:  # ModelConfig admits only the architectures above; a new one needs a module here
         raise ValueError(f"architecture {config.arch!r} has no torch module")
     model.config = config
@@ -163,3 +322,44 @@ def predict(model: nn.Module, images: np.ndarray) -> np.ndarray:
 def model_config(model: nn.Module) -> ModelConfig:
     """The validated config `model` was built from."""
     return model.config
+
+
+def check_dropout_mask(config: ModelConfig, dropout_mask: np.ndarray | None, batch: int) -> None:
+    """Raise ValueError (one line) unless `dropout_mask` fits the model: None for a model without dropout,
+    else (batch, features)."""
+    if dropout_mask is None:
+        return
+    features = dropout_features(config)
+    shape = tuple(np.shape(dropout_mask))
+    if features is None:
+        raise ValueError(f"dropout_mask of shape {shape}: {config.arch} has no dropout (allowed: None)")
+    if shape != (batch, features):
+        raise ValueError(f"dropout_mask of shape {shape}: {config.arch} needs (batch, features) = {(batch, features)}")
+
+
+def forward_logits(model: nn.Module, images: torch.Tensor, dropout_mask: torch.Tensor | None) -> torch.Tensor:
+    """The model's forward, with the step's dropout mask for a model that has dropout (the ResNet)."""
+    return model(images) if dropout_mask is None else model(images, dropout_mask=dropout_mask)
+
+
+@torch.no_grad()
+def forward_train(model: nn.Module, images: np.ndarray, dropout_mask: np.ndarray | None) -> np.ndarray:
+    """One training-mode forward as a training step runs it, without a gradient: BatchNorm normalizes with the
+    batch's statistics and updates its running statistics in place by the spec's convention (momentum
+    converted, running variance corrected to the biased batch variance: BatchNorm2d), dropout multiplies by
+    `dropout_mask` (None: no dropout). The model is back in eval mode after."""
+    config: ModelConfig = model.config
+    check_dropout_mask(config, dropout_mask, len(images))
+    device = model_device(model)
+    x = torch.as_tensor(np.asarray(images, np.float32), device=device)
+    features = dropout_features(config)
+    if dropout_mask is None and features is not None:
+        # The contract's None means no dropout; in train() mode nn.Dropout would drop units at random instead.
+        dropout_mask = np.ones((len(images), features), np.float32)
+    mask = None if dropout_mask is None else torch.as_tensor(np.asarray(dropout_mask, np.float32), device=device)
+    model.train()
+    try:
+        out = forward_logits(model, x, mask)
+    finally:
+        model.eval()
+    return out.float().cpu().numpy()

@@ -1,4 +1,9 @@
-"""Determinism switches and the training loop: a plain PyTorch loop with torch.optim, on the plan's batches."""
+"""Determinism switches and the training loop: a plain PyTorch loop with torch.optim, on the plan's batches.
+
+BatchNorm trains in torch's train() mode on each batch; its running statistics follow the spec's convention
+with no step here: models.BatchNorm2d takes the spec's momentum converted and corrects torch's unbiased
+running-variance update after every training-mode forward. Dropout uses the step's shared mask
+(rosetta_common.training.dropout_masks), never torch's own generator (models.ResNet.forward says why)."""
 
 from __future__ import annotations
 
@@ -15,9 +20,9 @@ from rosetta_common.data import Dataset
 from rosetta_common.interface import TrainResult
 from rosetta_common.seeding import seed_everything
 from rosetta_common.spec import AdamSpec, SGDSpec
-from rosetta_common.training import OptimizerSpec, TrainPlan
+from rosetta_common.training import OptimizerSpec, TrainPlan, dropout_masks
 from rosetta_common.weights import Weights
-from rosetta_torch.models import model_device
+from rosetta_torch.models import forward_logits, model_device
 
 
 def configure(seed: int) -> None:
@@ -38,15 +43,17 @@ def configure(seed: int) -> None:
 
 
 def make_optimizer(model: nn.Module, optimizer: OptimizerSpec, num_steps: int) -> torch.optim.Optimizer:
-    """torch.optim's Adam / SGD with momentum over the model's parameters: these compute
-    rosetta_common.optim's formulas as they are. The learning rate is constant, so torch needs no
-    `num_steps` (the signature is the contract's, shared by all three packages)."""
+    """torch.optim's Adam / SGD with momentum over the model's trainable parameters: these compute
+    rosetta_common.optim's formulas as they are. Frozen parameters (the LSTM's bias_hh, held at zero) are
+    left out. The learning rate is constant, so torch needs no `num_steps` (the signature is the contract's,
+    shared by all three packages)."""
     del num_steps
+    params = [p for p in model.parameters() if p.requires_grad]
     if isinstance(optimizer, AdamSpec):
-        return torch.optim.Adam(model.parameters(), lr=optimizer.learning_rate,
+        return torch.optim.Adam(params, lr=optimizer.learning_rate,
                                 betas=(optimizer.beta1, optimizer.beta2), eps=optimizer.epsilon)
     if isinstance(optimizer, SGDSpec):
-        return torch.optim.SGD(model.parameters(), lr=optimizer.learning_rate, momentum=optimizer.momentum)
+        return torch.optim.SGD(params, lr=optimizer.learning_rate, momentum=optimizer.momentum)
     raise TypeError(f"unknown optimizer spec {optimizer!r}")
 
 
@@ -67,12 +74,16 @@ def apply_optimizer(optimizer: OptimizerSpec, params: Weights, grads: Sequence[W
 
 
 def train(model: nn.Module, plan: TrainPlan, data: Dataset) -> TrainResult:
-    """Train `model` in place with the plan's optimizer on the plan's batches; it ends in eval mode."""
+    """Train `model` in place with the plan's optimizer on the plan's batches, in train() mode (BatchNorm on
+    batch statistics, running statistics by the spec's convention), multiplying by step s's shared dropout mask
+    for a model with dropout; it ends in eval mode."""
     if plan.num_samples != len(data.train_labels):  # the plan's batches index this data set
         raise ValueError(f"plan for {plan.num_samples} training samples, data has {len(data.train_labels)}")
     device = model_device(model)
     images = torch.from_numpy(np.ascontiguousarray(data.train_images, np.float32)).to(device)
     labels = torch.from_numpy(np.ascontiguousarray(data.train_labels, np.int64)).to(device)
+    masks = dropout_masks(plan, model.config)  # (num_steps, batch, features), or None: no dropout
+    masks_t = None if masks is None else torch.from_numpy(masks).to(device)
     # The first optimizer imports torch._dynamo (~3 s): made before the clock starts.
     optimizer = make_optimizer(model, plan.optimizer, plan.num_steps)
 
@@ -85,10 +96,11 @@ def train(model: nn.Module, plan: TrainPlan, data: Dataset) -> TrainResult:
         for epoch in range(plan.epochs):
             epoch_start = time.perf_counter()
             losses = []  # kept on the device: no host sync per step
-            for idx in plan.batches(epoch):
+            for i, idx in enumerate(plan.batches(epoch)):
                 idx_t = torch.from_numpy(idx).to(device)
+                mask = None if masks_t is None else masks_t[epoch * plan.steps_per_epoch + i]
                 optimizer.zero_grad(set_to_none=True)
-                loss = F.cross_entropy(model(images[idx_t]), labels[idx_t])
+                loss = F.cross_entropy(forward_logits(model, images[idx_t], mask), labels[idx_t])
                 loss.backward()
                 optimizer.step()
                 losses.append(loss.detach())

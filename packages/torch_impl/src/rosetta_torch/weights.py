@@ -1,12 +1,30 @@
 """Canonical weights (rosetta-canonical-v1, see rosetta_common.weights) <-> torch state dicts, in one place.
 
 Names: the modules in models.py are named after the canonical names, so a canonical `x.kernel` or
-`x.scale` is torch's `x.weight`, and `x.bias` / `pos_embedding` keep their names.
+`x.scale` is torch's `x.weight`, and `x.bias`, `x.running_mean`, `x.running_var` and `pos_embedding` keep
+their names; the recurrent layers' tensors have torch's own names (`_RECURRENT_NAMES`).
 Layouts:
 - dense kernel (in, out) -> Linear.weight (out, in): a transpose;
 - conv kernel HWIO -> Conv2d.weight OIHW: kernel.transpose(3, 2, 0, 1);
 - the CNN head: canonical rows follow the (height, width, channel) flatten; torch flattens NCHW as
   (channel, height, width), so the rows are permuted here, and only here, before the transpose.
+Conventions reconciled (what torch does differently from the spec, and where it is mapped):
+- BatchNorm: scale/bias are BatchNorm2d's weight/bias; running_mean/running_var map one to one (the
+  statistics are canonical state, float32 both ways). torch's extra `num_batches_tracked` buffer is not
+  canonical: to_canonical drops it and from_canonical fills it from the module's own counter, so strict
+  loading still works (with `momentum` set, torch never reads it). The momentum (torch's is the new batch's
+  weight: 1 - the spec's), epsilon (the spec's, passed to BatchNorm2d; torch's default is only a default) and
+  the running variance (torch averages the unbiased batch variance, the spec the biased one: corrected after
+  every training-mode forward) are set in models.py, where the layers are made;
+- "same" padding: TensorFlow's (extra row/column at the bottom/right for stride 2), explicit nn.ZeroPad2d in
+  models.py (torch's padding=1 pads both sides; torch refuses padding="same" for stride 2);
+- LSTM: kernel (in, 4h) / recurrent_kernel (h, 4h) -> weight_ih_l0 (4h, in) / weight_hh_l0 (4h, h):
+  transposes; gate blocks i, f, g, o in both (`GATE_ORDER` is the identity, kept explicit so a test can plant
+  a wrong one). One canonical bias = torch's bias_ih + bias_hh: it goes to bias_ih_l0, bias_hh_l0 = 0 (frozen
+  in models.py, so training moves one bias as Keras and Flax do); to_canonical returns the sum;
+- GRU: kernel (in, 3h) / recurrent_kernel (h, 3h) -> weight_ih_l0 / weight_hh_l0, transposed; gates r, z, n
+  in both (Keras keeps z, r, h: its package permutes); input_bias -> bias_ih_l0, recurrent_bias ->
+  bias_hh_l0, torch's formula being the spec's (b_hn inside r * (...)).
 Every model carries its rosetta_common.spec.ModelConfig as `model.config` (models.make_module sets it):
 the image shape and sizes these mappings need come from there, never from the weights.
 """
@@ -22,11 +40,29 @@ from torch import nn
 from rosetta_common.spec import ModelConfig
 from rosetta_common.weights import Weights, canonical_shapes, check_weights
 
-# Canonical suffix -> torch suffix; every other name is the same in both.
+# Canonical suffix -> torch suffix; every other name is the same in both, but for the recurrent layers'.
 _SUFFIXES = {".kernel": ".weight", ".scale": ".weight"}
+_RECURRENT_NAMES = {
+    "lstm.kernel": "lstm.weight_ih_l0",
+    "lstm.recurrent_kernel": "lstm.weight_hh_l0",
+    "lstm.bias": "lstm.bias_ih_l0",  # bias_hh_l0 is zero: see split_lstm_bias
+    "gru.kernel": "gru.weight_ih_l0",
+    "gru.recurrent_kernel": "gru.weight_hh_l0",
+    "gru.input_bias": "gru.bias_ih_l0",
+    "gru.recurrent_bias": "gru.bias_hh_l0",
+}
+LSTM_HIDDEN_BIAS = "lstm.bias_hh_l0"
+TRACKED = ".num_batches_tracked"  # torch's BatchNorm step counter: not canonical
+
+# Torch's gate block j holds canonical gate block GATE_ORDER[arch][j]. Canonical LSTM i, f, g, o and GRU r, z, n
+# are torch's own orders, so both are the identity; written out because a gate order is exactly the kind of
+# mapping that another framework gets wrong (Keras' GRU is z, r, h).
+GATE_ORDER: dict[str, tuple[int, ...]] = {"lstm": (0, 1, 2, 3), "gru": (0, 1, 2)}
 
 
 def torch_name(name: str) -> str:
+    if name in _RECURRENT_NAMES:
+        return _RECURRENT_NAMES[name]
     for canonical, native in _SUFFIXES.items():
         if name.endswith(canonical):
             return name.removesuffix(canonical) + native
@@ -38,47 +74,77 @@ def _cnn_head_cells(config: ModelConfig) -> tuple[int, int, int]:
     return height // 2, width // 2, channels
 
 
+def _gate_blocks(value: np.ndarray, order: tuple[int, ...]) -> np.ndarray:
+    """The gate blocks of the last axis rearranged: block j of the result is block order[j] of `value`."""
+    blocks = np.split(value, len(order), axis=-1)
+    return np.concatenate([blocks[i] for i in order], axis=-1)
+
+
+def _recurrent(config: ModelConfig, name: str) -> bool:
+    return config.arch in GATE_ORDER and name.startswith(f"{config.arch}.")
+
+
 def to_torch_layout(config: ModelConfig, name: str, value: np.ndarray) -> np.ndarray:
     """One canonical array in torch's layout (the tensor torch_name(name) holds)."""
     if config.arch == "cnn" and name == "head.kernel":
         h, w, c = _cnn_head_cells(config)
         value = value.reshape(h, w, c, -1).transpose(2, 0, 1, 3).reshape(c * h * w, -1)  # rows (h,w,c) -> (c,h,w)
-    if name.endswith(".kernel"):
+    if _recurrent(config, name):  # canonical gates on the last axis, before the transpose
+        value = _gate_blocks(value, GATE_ORDER[config.arch])
+    if name.endswith("kernel"):  # .kernel and .recurrent_kernel
         return value.transpose(3, 2, 0, 1) if value.ndim == 4 else value.T  # HWIO -> OIHW; (in,out) -> (out,in)
     return value
 
 
 def from_torch_layout(config: ModelConfig, name: str, value: np.ndarray) -> np.ndarray:
     """The exact inverse of to_torch_layout."""
-    if name.endswith(".kernel"):
+    if name.endswith("kernel"):
         value = value.transpose(2, 3, 1, 0) if value.ndim == 4 else value.T
+    if _recurrent(config, name):
+        value = _gate_blocks(value, tuple(np.argsort(GATE_ORDER[config.arch])))
     if config.arch == "cnn" and name == "head.kernel":
         h, w, c = _cnn_head_cells(config)
         value = value.reshape(c, h, w, -1).transpose(1, 2, 0, 3).reshape(h * w * c, -1)
     return value
 
 
+def split_lstm_bias(bias: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The canonical LSTM bias as torch's (bias_ih_l0, bias_hh_l0): only their sum enters torch's formula, so
+    all of it goes to bias_ih and bias_hh is zero (and frozen: models.LSTMClassifier)."""
+    return bias, np.zeros_like(bias)
+
+
 def to_state_dict(config: ModelConfig, weights: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
-    """Canonical weights as a state dict of a module of `config` (CPU tensors, torch names and layouts)."""
-    return {
-        torch_name(name): torch.from_numpy(np.ascontiguousarray(to_torch_layout(config, name, np.asarray(value))))
-        for name, value in weights.items()
-    }
+    """Canonical weights as a state dict of a module of `config` (CPU tensors, torch names and layouts), without
+    the num_batches_tracked counters, which are not canonical."""
+    state: dict[str, np.ndarray] = {}
+    for name, value in weights.items():
+        native = to_torch_layout(config, name, np.asarray(value))
+        if config.arch == "lstm" and name == "lstm.bias":
+            state[torch_name(name)], state[LSTM_HIDDEN_BIAS] = split_lstm_bias(native)
+        else:
+            state[torch_name(name)] = native
+    return {name: torch.from_numpy(np.ascontiguousarray(value)) for name, value in state.items()}
 
 
 def from_canonical(model: nn.Module, weights: Weights) -> None:
     """Assign canonical weights to `model` (checked first: WeightsError naming what is off)."""
     config: ModelConfig = model.config
     check_weights(weights, config, f"{config.arch} weights")
-    model.load_state_dict(to_state_dict(config, weights), strict=True)  # copies; every name must match
+    state = to_state_dict(config, weights)
+    # BatchNorm's step counters are torch's own state: kept as the module has them, so that loading stays strict.
+    state.update({k: v for k, v in model.state_dict().items() if k.endswith(TRACKED)})
+    model.load_state_dict(state, strict=True)  # copies; every name must match
 
 
 def to_canonical(model: nn.Module) -> Weights:
-    """The model's weights as canonical float32 arrays, in canonical order and layout."""
+    """The model's weights as canonical float32 arrays, in canonical order and layout (num_batches_tracked
+    dropped; the LSTM's bias is bias_ih + bias_hh, which is exactly bias_ih while bias_hh is zero)."""
     config: ModelConfig = model.config
-    state = model.state_dict()
+    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    if config.arch == "lstm":
+        state["lstm.bias_ih_l0"] = state["lstm.bias_ih_l0"] + state.pop(LSTM_HIDDEN_BIAS)
     return {
-        name: np.ascontiguousarray(
-            from_torch_layout(config, name, state[torch_name(name)].detach().cpu().numpy()), np.float32)
+        name: np.ascontiguousarray(from_torch_layout(config, name, state[torch_name(name)].numpy()), np.float32)
         for name in canonical_shapes(config)
     }
