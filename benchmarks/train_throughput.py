@@ -1,6 +1,6 @@
 """Training throughput: our train() beside each framework's idiomatic loop, on the same model, data and batch.
 
-    .venv/bin/python benchmarks/train_throughput.py [--epochs 3] [--repeats 3] [--models mlp cnn attention]
+    .venv/bin/python benchmarks/train_throughput.py [--epochs 3] [--repeats 3] [--models mlp cnn attention resnet ...]
         [--scales digits mnist5k] [--frameworks torch tf jax] [--tricks] [--threads 1] [--limit MODEL@SCALE=N ...]
 
 A benchmark, not a test: its numbers are reported, never asserted. Run with the orchestrator's Python, it
@@ -11,6 +11,10 @@ per framework in that framework's own environment through the runner
 (`build(config, init)` + `train(model, plan, data)`) and the framework's idiomatic loop
 (benchmarks/idiomatic/<framework>.py) train the same model class from the same canonical init weights on the
 same training split, batch size and optimizer settings (params.yaml), alternating which goes first each repeat.
+The idiomatic loop trains that model class as a user of the framework would: in the framework's own train mode,
+with its own dropout (drawing from its own generator) and its own BatchNorm; where parity makes our train() do
+something else (the shared dropout masks, torch's running-variance correction, the frozen LSTM bias_hh, ...),
+that framework's PARITY (benchmarks/idiomatic) and PARITY_COSTS below name it.
 
 Reported per framework, scale and model:
 - steady samples/s: samples trained per epoch / the median epoch time over epochs 2..N of every repeat (the
@@ -21,14 +25,15 @@ Reported per framework, scale and model:
   per-repeat ratios as a noise figure: the machine is shared, so only ratios taken side by side mean anything;
 - a verdict: ok (>= 1.0), noise (below 1.0, but ours was at least as fast in some repeat), or parity cost
   (below 1.0 in every repeat: PARITY_COSTS names what parity makes our train() do that the idiomatic loop
-  does not);
+  does not, for every model and for that model);
 - with --tricks: the idiomatic loop with each speed-up our train() does not use (TRICKS of each loop: they
   change the numbers the frameworks must agree on, or hide per-step losses) and with each parity requirement
-  alone (PARITY: e.g. torch's Adam formula), and ours / that.
+  alone (PARITY: e.g. torch's Adam formula, the resnet's shared dropout masks; those a loop's ONLY_FOR names
+  only for their models), and ours / that.
 
 Defaults keep the whole run to a few minutes on 2 shared cores: 3 epochs (2 steady) x 3 repeats, one thread per
-runtime (--threads; see DEFAULT_THREADS), and the compute-bound attention model on a subset of its training
-images (--limit; see DEFAULT_LIMITS).
+runtime (--threads; see DEFAULT_THREADS), and the slow models on a subset of their training images (--limit; see
+DEFAULT_LIMITS).
 
 Writes measurements/throughput.json (measurements/ is git- and DVC-ignored: timings are not lineage).
 """
@@ -50,25 +55,54 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "measurements" / "throughput.json"
 FRAMEWORKS = ("torch", "tf", "jax")
-MODELS = ("mlp", "cnn", "attention")
+MODELS = ("mlp", "cnn", "attention", "resnet", "lstm", "gru")  # rosetta_common.spec.ARCHITECTURES
 SCALES = ("digits", "mnist5k")
 # The attention model is compute-bound (embed 512: about 0.08 GFLOP per training sample on 8 digits rows, 0.3 on 28
-# MNIST rows): its first 512 / 256 training images (16 / 8 steps an epoch) keep its epochs near a second or two;
-# per-sample speed is what is compared, and both loops see the same subset.
-DEFAULT_LIMITS = ("attention@digits=512", "attention@mnist5k=256")
+# MNIST rows): its first 512 / 256 training images (16 / 8 steps an epoch) keep its epochs near a second or two.
+# On MNIST's 28x28 images the resnet (BatchNorm on 28x28x16 maps) and the recurrent models (28 time steps) take
+# 1 to 3 s an epoch over all 4,000 images: their first 1,024 (32 steps an epoch) keep each epoch near 0.2 to 0.7 s
+# and the run's time where most of it goes, in tracing and compilation (first epochs; TF's unrolled GRU: ~3.5 s).
+# Per-sample speed is what is compared, and both loops see the same subset.
+DEFAULT_LIMITS = ("attention@digits=512", "attention@mnist5k=256", "resnet@mnist5k=1024", "lstm@mnist5k=1024",
+                  "gru@mnist5k=1024")
 # One thread per runtime: on a shared machine a 2-thread OpenMP/Eigen pool stalls at every barrier whose other
 # thread is descheduled (torch's digits MLP: 4 s an epoch at 2 threads under load 7, 0.08 s at 1).
 DEFAULT_THREADS = "1"
 
 # What our train() does that the idiomatic loop does not, because parity requires it (same batches in the same
-# order, every step's loss, rosetta_common.optim's Adam to the last bit): the cost a ratio below 1.0 stands for.
+# order, every step's loss, rosetta_common.optim's Adam to the last bit, the same dropped units, the spec's
+# BatchNorm statistics, one LSTM bias): the cost a ratio below 1.0 stands for. Per framework: "*" for every
+# model, then what one model adds (each loop's PARITY measures them one by one with --tricks).
 PARITY_COSTS = {
-    "torch": "none beyond the plan's own batch order (indexing a preloaded tensor, no DataLoader)",
-    "tf": "TorchAdam (torch's Adam: float64 bias corrections, epsilon after them) instead of keras Adam; the "
-          "StepLoss metric and a per-step callback (every step's loss, not fit's running mean), a per-step sync",
-    "jax": "torch's Adam as an optax transform (bias corrections looked up from a float64-computed table) "
-           "instead of optax.adam, whose float32 1 - b2**t is ~1e-5 off",
+    "torch": {
+        "*": "none beyond the plan's own batch order (indexing a preloaded tensor, no DataLoader)",
+        "resnet": "the shared dropout masks (a preloaded (steps, batch, features) tensor, indexed per step and "
+                  "multiplied into the pooled features) instead of nn.Dropout; rosetta_torch's BatchNorm2d, which "
+                  "corrects torch's running-variance update to the biased batch variance (a clone and three "
+                  "elementwise ops per BatchNorm layer per step)",
+        "lstm": "bias_hh_l0 frozen at zero (one bias, as the canonical LSTM has): less work than the idiomatic "
+                "loop, which trains it",
+    },
+    "tf": {
+        "*": "TorchAdam (torch's Adam: float64 bias corrections, epsilon after them) instead of keras Adam; the "
+             "StepLoss metric and a per-step callback (every step's loss, not fit's running mean), a per-step sync",
+        "resnet": "fit on the training twin (rosetta_tf.models.training_model), the shared dropout mask a second "
+                  "input from the tf.data stream, multiplied into the pooled features, instead of Keras' Dropout",
+    },
+    "jax": {
+        "*": "torch's Adam as an optax transform (bias corrections looked up from a float64-computed table) "
+             "instead of optax.adam, whose float32 1 - b2**t is ~1e-5 off",
+        "resnet": "the shared dropout masks (a device array indexed per step outside the jitted step, an eager "
+                  "dispatch of ~0.1 ms on 2 shared cores, and multiplied into the pooled features) instead of "
+                  "nnx.Dropout drawing from its RNG stream inside the step",
+    },
 }
+
+
+def parity_costs(framework: str, model: str) -> str:
+    """What parity makes our train() do for this framework and model that the idiomatic loop does not."""
+    costs = PARITY_COSTS[framework]
+    return "; ".join(costs[key] for key in ("*", model) if key in costs)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -174,13 +208,13 @@ def summarize(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 row["verdict"] = "within noise (ours was at least as fast in one repeat)"
                 row["verdict_short"] = "noise"
             else:
-                row["verdict"] = f"below 1.0; parity costs: {PARITY_COSTS[framework]}"
+                row["verdict"] = f"below 1.0; parity costs: {parity_costs(framework, case['model'])}"
                 row["verdict_short"] = "parity cost"
             rows.append(row)
     return rows
 
 
-def table(rows: list[dict[str, Any]], named: dict[str, dict[str, dict[str, str]]]) -> str:
+def table(rows: list[dict[str, Any]], named: dict[str, dict[str, Any]]) -> str:
     header = ("scale", "framework", "model", "samples", "ours samples/s", "idiomatic samples/s", "ratio",
               "ratio range", "verdict", "ours 1st epoch s", "idiomatic 1st epoch s")
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -205,10 +239,16 @@ def table(rows: list[dict[str, Any]], named: dict[str, dict[str, dict[str, str]]
             lines.append(f"| {row['scale']} | {row['framework']} | {row['model']} | {name} | {kind} | "
                          f"{figures['steady_samples_per_second']:,.0f} | {figures['ratio_ours_over_this']:.2f} | "
                          f"{figures['first_epoch_seconds']:.2f} |")
+    models = {row["model"] for row in rows}
+
+    def applies(kinds: dict[str, Any], name: str) -> bool:  # a variant of ONLY_FOR only where its models ran
+        return not set(kinds["only_for"].get(name, models)).isdisjoint(models)
+
     lines += ["", "Named tricks (speed-ups our train() does not use) and parity requirements (--tricks measures both):"]
-    lines += [f"- {fw} {name}: {text}" for fw, kinds in named.items() for name, text in kinds["tricks"].items()]
+    lines += [f"- {fw} {name}: {text}" for fw, kinds in named.items() for name, text in kinds["tricks"].items()
+              if applies(kinds, name)]
     lines += [f"- {fw} {name} (parity, measured as idiomatic + it): {text}"
-              for fw, kinds in named.items() for name, text in kinds["parity"].items()]
+              for fw, kinds in named.items() for name, text in kinds["parity"].items() if applies(kinds, name)]
     below = [row for row in rows if row["ratio"] < 1.0]
     if below:
         lines += ["", "Ratio below 1.0 (the noise verdict, else what parity makes our train() do that the idiomatic "
@@ -231,7 +271,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[throughput] {framework}: {len(cases)} cases x {args.repeats} repeats", file=sys.stderr)
             results.append(run_worker(framework, {**job, "tricks": args.tricks}, Path(scratch)))
     rows = summarize(results)
-    named = {result["framework"]: {"tricks": result["tricks"], "parity": result["parity"]} for result in results}
+    named = {result["framework"]: {"tricks": result["tricks"], "parity": result["parity"],
+                                   "only_for": result["only_for"]} for result in results}
     report = table(rows, named)
     print(report)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,8 @@ and optimizer settings) and trains for the case's epochs:
 - `ours`: the package's contract `train(model, plan, data)`, its epochs read from TrainResult.epoch_seconds;
 - `idiomatic`: benchmarks/idiomatic/<framework>.train on the same model;
 - with tricks requested, one variant per entry of the loop's TRICKS and PARITY: the idiomatic loop with one
-  speed-up our train() does not use, or with one thing parity requires of it.
+  speed-up our train() does not use, or with one thing parity requires of it (an entry of the loop's ONLY_FOR,
+  e.g. the resnet's shared dropout masks, only for the models it names).
 
 The variants run one after the other within a repeat, in an order that is reversed every other repeat, so that
 the machine's load falls on both alike. Only raw epoch times go to RESULT.json; the parent summarizes.
@@ -48,7 +49,8 @@ def run_case(backend: Any, idiomatic: Any, spec: Any, case: dict[str, Any], repe
     config = ModelConfig.of(spec, case["model"], data.image_shape, data.num_classes)
     init = init_weights(config, spec.seed)
     train_plan = dataclasses.replace(plan(spec, case["model"], len(data.train_labels)), epochs=case["epochs"])
-    variants = ["ours", "idiomatic", *extra]
+    only_for = idiomatic.ONLY_FOR  # a variant named there applies to those models alone
+    variants = ["ours", "idiomatic", *(name for name in extra if case["model"] in only_for.get(name, (case["model"],)))]
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
     for repeat in range(repeats):
         for position, name in enumerate(variants if repeat % 2 == 0 else variants[::-1]):
@@ -88,7 +90,8 @@ def main(argv: list[str]) -> int:
     cases = [run_case(backend, idiomatic, spec, case, job["repeats"], variants) for case in job["cases"]]
     Path(result_path).write_text(json.dumps({
         "framework": framework, "import_seconds": import_seconds, "tricks": idiomatic.TRICKS,
-        "parity": idiomatic.PARITY, "measured_variants": variants, "cases": cases,
+        "parity": idiomatic.PARITY, "only_for": idiomatic.ONLY_FOR, "measured_variants": variants,
+        "cases": cases,
         "environment": environment(framework),
     }, indent=1))
     return 0

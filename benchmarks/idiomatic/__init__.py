@@ -1,13 +1,16 @@
 """Each framework's idiomatic training loop, the yardstick benchmarks/train_throughput.py holds our train() to.
 
-One module per framework (`torch`, `tf`, `jax`), each with the same three names:
+One module per framework (`torch`, `tf`, `jax`), each with the same four names:
 
 - `train(model, data, batch_size, optimizer, epochs, seed, variant=None) -> LoopRun`: train `model` (the very
-  model our `build()` returns) in place the way that framework's own tutorials do, timing each epoch;
+  model our `build()` returns) in place the way that framework's own tutorials do, timing each epoch: the
+  framework's own train mode, its own dropout drawing from its own generator, its own BatchNorm;
 - `TRICKS`: {name: what it does}: speed-ups our train() does not use, most because they change the numbers
   the frameworks must agree on or hide per-step losses (each says which); `variant=name` adds one to the loop;
 - `PARITY`: {name: what it does}: the idiomatic loop made to do one thing parity requires of our train()
-  (e.g. torch's Adam formula); `variant=name` measures what that one requirement costs.
+  (e.g. torch's Adam formula, the shared dropout masks); `variant=name` measures what that one requirement costs;
+- `ONLY_FOR`: {variant name: models}: the variants that apply to some models only (the shared dropout masks to the
+  resnet, ...); a variant not named applies to all.
 
 Imported only inside that framework's environment (through the runner): nothing here imports a framework at
 package level.
