@@ -5,6 +5,13 @@ change every hash downstream. Stages write them under `measurements/` (git- and 
 dependency or output). `dvc metrics show` and `dvc plots show` still show them (top-level `metrics:` and
 `plots:` in dvc.yaml), and the report page shows them, marked as this run's, by loading `timings.js`.
 
+Two kinds of record:
+- per model and framework, `measurements/<model>/<framework>.json`: training, export and latency figures of one
+  trained model (written by train_export@<framework>);
+- per stage, `measurements/stages/<stage>.json`: where that stage's wall time went, start-up included (the runner,
+  the interpreter, the imports, then each phase in order), so the start-up cost of every stage can be read after
+  any run (`StageClock`).
+
 Each writer regenerates the aggregate files (`timings.js`, `latency.csv`, `metrics/*.json`) from every
 record present, so they are current whichever stage ran last.
 """
@@ -12,6 +19,10 @@ record present, so they are current whichever stage ran last.
 from __future__ import annotations
 
 import json
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -21,23 +32,37 @@ ROOT = Path("measurements")
 TIMINGS_JS = ROOT / "timings.js"  # loaded by reports/comparison/report.html as ../../measurements/timings.js
 LATENCY_CSV = ROOT / "latency.csv"  # for `dvc plots show`
 METRICS = ROOT / "metrics"  # one flat file per model and framework, for `dvc metrics show`
+STAGES = ROOT / "stages"  # one record per stage: its start-up breakdown and phases
+NOT_RUNS = (METRICS.name, STAGES.name)  # folders under ROOT that hold no per-run record
 
 
 def record_path(model: str, framework: str, root: Path = ROOT) -> Path:
     return root / model / f"{framework}.json"
 
 
-def read_all(root: Path = ROOT) -> dict[str, dict[str, Any]]:
-    """"<model>/<framework>" -> its record, for every readable record under `root`."""
+def stage_path(stage: str, root: Path = ROOT) -> Path:
+    return root / STAGES.name / f"{stage}.json"
+
+
+def _read_records(paths: list[Path]) -> dict[Path, dict[str, Any]]:
     records = {}
-    for path in sorted(root.glob("*/*.json")):
-        if path.parent.name == METRICS.name:
-            continue  # the flat files written below, not records
+    for path in paths:
         try:
-            records[f"{path.parent.name}/{path.stem}"] = json.loads(path.read_text())
+            records[path] = json.loads(path.read_text())
         except (OSError, ValueError):
             continue  # a record being rewritten by a killed stage: the next writer replaces it
     return records
+
+
+def read_all(root: Path = ROOT) -> dict[str, dict[str, Any]]:
+    """"<model>/<framework>" -> its record, for every readable record under `root`."""
+    found = [p for p in sorted(root.glob("*/*.json")) if p.parent.name not in NOT_RUNS]
+    return {f"{p.parent.name}/{p.stem}": rec for p, rec in _read_records(found).items()}
+
+
+def read_stages(root: Path = ROOT) -> dict[str, dict[str, Any]]:
+    """Stage name -> its record, for every readable stage record under `root`."""
+    return {p.stem: rec for p, rec in _read_records(sorted((root / STAGES.name).glob("*.json"))).items()}
 
 
 def headline(record: dict[str, Any]) -> dict[str, float]:
@@ -46,11 +71,11 @@ def headline(record: dict[str, Any]) -> dict[str, float]:
     return {key: round(float(train[key]), 3) for key in ("train_seconds", "steady_samples_per_second") if key in train}
 
 
-def write(model: str, framework: str, record: dict[str, Any], root: Path = ROOT) -> None:
-    """Write one stage's measurements, then regenerate the aggregates from every record present."""
-    write_text(record_path(model, framework, root), dumps(record))
-    records = read_all(root)
-    write_text(root / TIMINGS_JS.name, "window.ROSETTA_MEASUREMENTS = " + json.dumps(records, sort_keys=True) + ";\n")
+def _aggregate(root: Path) -> None:
+    """Regenerate timings.js, latency.csv and metrics/ from every record present."""
+    records, stages = read_all(root), read_stages(root)
+    write_text(root / TIMINGS_JS.name, "window.ROSETTA_MEASUREMENTS = " + json.dumps(records, sort_keys=True) + ";\n"
+               + "window.ROSETTA_STAGES = " + json.dumps(stages, sort_keys=True) + ";\n")
     rows = ["case,native_over_onnx,native_ms,onnx_ms"]
     for key, rec in records.items():
         for r in rec.get("latency", {}).get("results", []):
@@ -59,3 +84,88 @@ def write(model: str, framework: str, record: dict[str, Any], root: Path = ROOT)
     write_text(root / LATENCY_CSV.name, "\n".join(rows) + "\n")
     for key, rec in records.items():
         write_text(root / METRICS.name / f"{key.replace('/', '-')}.json", dumps(headline(rec)))
+
+
+def write(model: str, framework: str, record: dict[str, Any], root: Path = ROOT) -> None:
+    """Write one model's measurements, then regenerate the aggregates from every record present."""
+    write_text(record_path(model, framework, root), dumps(record))
+    _aggregate(root)
+
+
+def write_stage(record: dict[str, Any], root: Path = ROOT) -> None:
+    """Write one stage's record (StageClock.record), then regenerate the aggregates."""
+    write_text(stage_path(record["stage"], root), dumps(record))
+    _aggregate(root)
+
+
+# ---- where a stage's wall time goes ----------------------------------------------------------------------------
+
+
+def process_started(pid: int | str = "self") -> float | None:
+    """When a process started, on time.time()'s clock (from /proc, to the kernel's 10 ms tick); None where there is
+    no /proc (not Linux) or the process is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        ticks = int(fields[19])  # field 22, starttime: clock ticks after boot (fields[0] is field 3)
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
+
+
+def _runner_started() -> float | None:
+    """The start of the runner that launched this process (pipelines.runner, local runtime), if it did: what the
+    runner costs (an orchestrator interpreter, the environment check) is part of every framework stage."""
+    parent = os.getppid()
+    try:
+        command = Path(f"/proc/{parent}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    return process_started(parent) if b"pipelines.runner" in command else None
+
+
+class StageClock:
+    """Wall-clock breakdown of one stage process: the runner (when it launched us), the interpreter's own start,
+    the imports before `main`, then named phases in order (`lap` ends the phase running since the last lap;
+    `phase` times a block). `imports_started` is when our first stage module began importing
+    (pipelines.stages.IMPORTS_STARTED)."""
+
+    def __init__(self, stage: str, imports_started: float) -> None:
+        self.stage = stage
+        self.runner_started = _runner_started()
+        self.process_started = process_started()
+        self.imports_started = imports_started
+        self.main_entered = self.last = time.time()
+        self.phases: dict[str, float] = {}
+
+    def lap(self, name: str) -> float:
+        now = time.time()
+        seconds = now - self.last
+        self.phases[name] = self.phases.get(name, 0.0) + seconds
+        self.last = now
+        return seconds
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        self.last = time.time()
+        try:
+            yield
+        finally:
+            self.lap(name)
+
+    def record(self, **extra: Any) -> dict[str, Any]:
+        now = time.time()
+        first = self.runner_started or self.process_started or self.imports_started
+        startup: dict[str, float | None] = {
+            "runner_seconds": (self.process_started - self.runner_started
+                               if self.runner_started and self.process_started else None),
+            "interpreter_seconds": (self.imports_started - self.process_started if self.process_started else None),
+            "imports_seconds": self.main_entered - self.imports_started,
+        }
+        return {
+            "stage": self.stage,
+            "startup": {k: None if v is None else round(v, 4) for k, v in startup.items()},
+            "phases": {k: round(v, 4) for k, v in self.phases.items()},
+            "total_seconds": round(now - first, 4),
+            **extra,
+        }

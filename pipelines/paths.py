@@ -1,8 +1,13 @@
 """Where every stage reads and writes: the artifact layout in one place.
 
-Lineage (DVC outputs, each stage's published as one folder or file): data/prepared/, artifacts/<model>/init.safetensors,
-artifacts/<model>/<framework>/ (train_export), reports/validation.json (validate), reports/comparison/ (report).
+Lineage (DVC outputs, each stage's published whole):
+- data/prepared/ (data);
+- artifacts/init/<model>.safetensors (init: one folder, every model's canonical initial weights);
+- artifacts/<framework>/<model>/ (train_export@<framework>: one output folder per framework, which one process
+  of that framework fills, model by model, each model's run folder published at once when it is complete);
+- reports/validation.json (validate), reports/comparison/ (report).
 Not lineage: measurements/ (timings; pipelines/measurements.py) and .rosetta/ (scratch; rosetta_common.io).
+Callers use the functions below, never a path spelled out.
 """
 
 from __future__ import annotations
@@ -11,19 +16,22 @@ from pathlib import Path
 
 PARAMS = Path("params.yaml")
 PREPARED = Path("data/prepared")
+ARTIFACTS = Path("artifacts")
+INIT = ARTIFACTS / "init"  # the init stage's one output folder
 REPORTS = Path("reports")
 
 
-def model_dir(model: str) -> Path:
-    return Path("artifacts") / model
-
-
 def init_weights(model: str) -> Path:
-    return model_dir(model) / "init.safetensors"
+    return INIT / f"{model}.safetensors"
+
+
+def framework_dir(framework: str) -> Path:
+    """The train_export@<framework> stage's one DVC output: a run folder per model."""
+    return ARTIFACTS / framework
 
 
 def run_dir(model: str, framework: str) -> Path:
-    return model_dir(model) / framework
+    return framework_dir(framework) / model
 
 
 def trained_weights(model: str, framework: str) -> Path:
@@ -48,6 +56,16 @@ def init_onnx(model: str, framework: str) -> Path:
 
 def native_outputs(model: str, framework: str) -> Path:
     return run_dir(model, framework) / "native_outputs.npz"
+
+
+# native_outputs.npz also holds, per native format as reloaded, the logits an inference-mode check needs (the
+# validator has no framework to run them): two runs on the validation batch, and its first images each alone.
+NATIVE_ALONE = 8  # images predicted alone (rosetta_common.metrics.inference_mode_problems looks at the first 4)
+
+
+def native_inference_keys(fmt: str) -> tuple[str, str]:
+    """native_outputs.npz's keys for one native format: (2, batch, classes) runs, (NATIVE_ALONE, classes) alone."""
+    return f"inference_{fmt}_batch_runs", f"inference_{fmt}_alone"
 
 
 def export_record(model: str, framework: str) -> Path:

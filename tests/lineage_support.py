@@ -25,10 +25,13 @@ def read_lock(root: Path) -> dict[str, Any]:
     return (yaml.safe_load((root / "dvc.lock").read_text()) or {}).get("stages", {})
 
 
-def lock_hashes(root: Path, kinds: tuple[str, ...] = ("outs",)) -> dict[str, str]:
-    """"<stage> <kind> <path>" -> md5 for every entry of those kinds in root/dvc.lock."""
+def lock_hashes(root: Path, kinds: tuple[str, ...] = ("outs",), stages: set[str] | None = None) -> dict[str, str]:
+    """"<stage> <kind> <path>" -> md5 for every entry of those kinds in root/dvc.lock (only of `stages`, if given:
+    dvc.lock keeps the entries of stages that dvc.yaml no longer has until it is regenerated)."""
     hashes = {}
     for stage, entry in read_lock(root).items():
+        if stages is not None and stage not in stages:
+            continue
         for kind in kinds:
             for item in entry.get(kind, []):
                 hashes[f"{stage} {kind} {item['path']}"] = item.get("md5", "?")

@@ -1,6 +1,6 @@
 """A small, real set of pipeline artifacts for the report tests: tiny ONNX files built with onnx.helper (each
 "framework" emitting different ops, as the real converters do), metrics, train logs, export records and a
-validation report, laid out as pipelines/paths.py says (each run's folder artifacts/<model>/<framework>/), and,
+validation report, laid out as pipelines/paths.py says (each run's folder artifacts/<framework>/<model>/), and,
 apart, measurements of a run (measurements/, written by pipelines.measurements as the train_export stage does).
 Nothing is mocked: the report reads them exactly as it reads a real run."""
 
@@ -18,10 +18,15 @@ import onnx
 import yaml
 from onnx import TensorProto, helper, numpy_helper
 
+from pipelines import paths
+
 # Not `from support import ...`: packages/common/tests has a conftest module too, and under a plain `pytest`
 # whichever loads last owns the name.
 REPO = Path(__file__).resolve().parents[1]
 MODELS = ["mlp", "cnn", "attention"]
+# Models the extended fixture adds: one with BatchNorm (running statistics), one recurrent (its ONNX form).
+NEW_MODELS = ["resnet", "lstm"]
+LSTM_HIDDEN = 4
 FRAMEWORKS = ["torch", "tf", "jax"]
 HIDDEN, CLASSES, SIDE = 16, 10, 8
 # What each converter calls the dynamic batch dimension, its default opset and its name.
@@ -111,6 +116,64 @@ def _mlp_graph(fw: str, rng: np.random.Generator) -> onnx.ModelProto:
     return model
 
 
+def _lstm_graph(fw: str, rng: np.random.Generator) -> onnx.ModelProto:
+    """A real, checkable recurrent classifier (image rows as time steps) in the form the named exporter gives it
+    here: torch keeps the layer as one ONNX LSTM op; the others come out unrolled (here: the MLP graph, which has
+    no LSTM, Loop or Scan)."""
+    if fw != "torch":
+        return _mlp_graph(fw, rng)
+    batch, opset, producer = EXPORTERS[fw]
+    h = LSTM_HIDDEN
+    weights = {
+        "w": rng.standard_normal((1, 4 * h, SIDE)), "r": rng.standard_normal((1, 4 * h, h)),
+        "b": np.zeros((1, 8 * h)), "head": rng.standard_normal((h, CLASSES)), "axes": np.array([0], np.int64),
+    }
+    initializers = [numpy_helper.from_array(v if v.dtype == np.int64 else v.astype(np.float32), k)
+                    for k, v in weights.items()]
+    nodes = [
+        helper.make_node("Transpose", ["images"], ["steps"], perm=[1, 0, 2]),  # (rows, batch, width)
+        helper.make_node("LSTM", ["steps", "w", "r", "b"], ["", "last"], hidden_size=h),
+        helper.make_node("Squeeze", ["last", "axes"], ["hidden"]),
+        helper.make_node("MatMul", ["hidden", "head"], ["logits"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        f"{fw}_lstm",
+        [helper.make_tensor_value_info("images", TensorProto.FLOAT, [batch, SIDE, SIDE])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [batch, CLASSES])],
+        initializer=initializers,
+    )
+    model = helper.make_model(graph, producer_name=producer, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 9
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+# The extended fixture's BatchNorm figures: (pair index, statistic) -> its worst layer's relative difference.
+RUNNING_STATS = {"running_mean": [2e-6, 4e-6, 3e-6], "running_var": [5e-6, 7e-5, 6e-6]}
+BN_LAYERS = ["stem.bn", "block.bn1"]
+
+
+def _new_model_rows(model: str, add: Any) -> list[dict[str, Any]]:
+    """Rows of the checks only the new models have, and the BatchNorm figures (validation.json's
+    running_statistics) for a model with BatchNorm."""
+    for k, fw in enumerate(FRAMEWORKS):
+        add(model, fw, "inference_mode_onnx_model", 0.0, 1e-4, True)
+        add(model, fw, "inference_mode_native_" + f"{fw}_native", 2e-6 * k, 1e-4, True)
+    if model != "resnet":
+        return []
+    figures = []
+    for k, pair in enumerate(PAIRS):
+        fig: dict[str, Any] = {"model": model, "frameworks": pair, "layers": {}}
+        for statistic, values in RUNNING_STATS.items():
+            add(model, pair, f"{statistic}_rel", values[k], 1e-3)
+            fig[f"{statistic}_max_rel"] = values[k]
+            for i, layer in enumerate(BN_LAYERS):  # the last layer is the worst
+                fig["layers"].setdefault(layer, {})[statistic] = values[k] / (len(BN_LAYERS) - i)
+        figures.append(fig)
+    return figures
+
+
 def _write_json(path: Path, obj: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(obj, indent=2))
@@ -121,15 +184,17 @@ def _losses(rng: np.random.Generator, steps: int, offset: float) -> list[float]:
     return [float(v) for v in base * (1 + offset) + rng.normal(0, 0.01, steps) ** 2]
 
 
-def _validation(failing: bool) -> dict[str, Any]:
+def _validation(failing: bool, models: list[str]) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
 
     def add(model: str, fw: str, check: str, value: float, tolerance: float, passed: bool | None = None) -> None:
         rows.append({"model": model, "framework": fw, "check": check, "max_abs_err": value, "tolerance": tolerance,
                      "passed": value <= tolerance if passed is None else passed})
 
-    parity = []
-    for model in MODELS:
+    parity, statistics = [], []
+    for model in models:
+        if model in NEW_MODELS:
+            statistics += _new_model_rows(model, add)
         for fw in FRAMEWORKS:
             add(model, fw, "onnx_checker_model", 0.0, 0.0, True)
             add(model, fw, "onnx_vs_native", 1.2e-6, 1e-5)
@@ -150,12 +215,13 @@ def _validation(failing: bool) -> dict[str, Any]:
                            "all_steps_loss_max_abs": 1e-4, "test_loss_rel": 1.5e-4,
                            "test_accuracy_diff_points": 0.0, "final_weights_max_abs": 2e-3})
     failed = sum(not r["passed"] for r in rows)
-    return {"passed": failed == 0, "checks": rows, "training_parity": parity,
+    return {"passed": failed == 0, "checks": rows, "training_parity": parity, "running_statistics": statistics,
             "summary": {"checks": len(rows), "failed": failed}}
 
 
 # Measurement figures no lineage file holds: the report may show them only through measurements/timings.js.
 TRAIN_SECONDS = {"torch": 2.345, "tf": 3.456, "jax": 4.567}
+STAGE_IMPORT_SECONDS = {"torch": 5.125, "tf": 7.25, "jax": 3.375}
 VERSIONS = {"torch": {"torch": "2.13.0+cpu"}, "tf": {"tensorflow-cpu": "2.21.0", "keras": "3.15.1"},
             "jax": {"jax": "0.10.2", "jaxlib": "0.10.2"}}
 
@@ -195,6 +261,13 @@ def make_measurements(root: Path, *, skip: tuple[tuple[str, str], ...] = ()) -> 
         for fw in FRAMEWORKS:
             if (model, fw) not in skip:
                 measurements.write(model, fw, _measurement(model, fw), root / measurements.ROOT)
+    for fw in FRAMEWORKS:  # each framework stage's start-up breakdown, as StageClock records it
+        measurements.write_stage({
+            "stage": f"train_export@{fw}", "models": MODELS,
+            "startup": {"runner_seconds": 0.125, "interpreter_seconds": 0.03, "imports_seconds": 0.75},
+            "phases": {"inputs": 0.05, "framework_import": STAGE_IMPORT_SECONDS[fw],
+                       **{f"{m}.train": TRAIN_SECONDS[fw] for m in MODELS}},
+            "total_seconds": 30.5}, root / measurements.ROOT)
     return root / measurements.ROOT
 
 
@@ -206,12 +279,13 @@ def cli_env(**extra: str) -> dict[str, str]:
     return {**env, **extra}
 
 
-def make_artifacts(root: Path, *, failing: bool = False) -> Path:
-    """Write a complete set of artifacts under `root` (a repository-like folder) and return it."""
+def make_artifacts(root: Path, *, failing: bool = False, models: list[str] = MODELS) -> Path:
+    """Write a complete set of artifacts under `root` (a repository-like folder) for `models` and return it."""
     rng = np.random.default_rng(0)
     root.mkdir(parents=True, exist_ok=True)
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     params["train"]["epochs"] = 3
+    params["models"] = models
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     (root / "pyproject.toml").write_text((REPO / "pyproject.toml").read_text())
     (root / "requirements.lock").write_text("numpy==2.4.6 \\\n    --hash=sha256:00\n")
@@ -225,12 +299,13 @@ def make_artifacts(root: Path, *, failing: bool = False) -> Path:
             src.parent.mkdir(parents=True, exist_ok=True)
             src.write_text(SOURCES[env])
     steps_per_epoch = 20
-    for model in MODELS:
+    for model in models:
+        graph = _lstm_graph if model == "lstm" else _mlp_graph
         for k, fw in enumerate(FRAMEWORKS):
-            run = root / "artifacts" / model / fw
+            run = root / paths.run_dir(model, fw)
             run.mkdir(parents=True, exist_ok=True)
-            onnx.save(_mlp_graph(fw, rng), str(run / "model.onnx"))
-            onnx.save(_mlp_graph(fw, rng), str(run / "init.onnx"))
+            onnx.save(graph(fw, rng), str(run / "model.onnx"))
+            onnx.save(graph(fw, rng), str(run / "init.onnx"))
             steps = _losses(rng, 3 * steps_per_epoch, 1e-3 * k)
             epochs = [float(np.mean(steps[i : i + steps_per_epoch])) for i in range(0, len(steps), steps_per_epoch)]
             _write_json(run / "train_log.json", {"framework": fw, "model": model, "optimizer": "adam",
@@ -245,7 +320,7 @@ def make_artifacts(root: Path, *, failing: bool = False) -> Path:
                 "sha256": {"model.onnx": "0" * 64, "init.onnx": "1" * 64},
                 # As train_export records them: the environment's distributions, found installed.
                 "versions": {**VERSIONS[fw], "onnx": "1.21.0", "onnxruntime": "1.32.0", "numpy": "2.4.6"}})
-    _write_json(root / "reports" / "validation.json", _validation(failing))
+    _write_json(root / "reports" / "validation.json", _validation(failing, models))
     return root
 
 

@@ -56,11 +56,19 @@ def ran_stages(output: str) -> set[str]:
 VALIDATE = ["python", "-m", "pipelines.runner", "validation", "--", "python", "-m", "pipelines.stages.validate"]
 
 
-# Params small enough for a whole-pipeline test: every stage and check runs, in minutes.
+# Params small enough for a whole-pipeline test: every model, stage and check runs, in minutes.
+MODELS = ["mlp", "cnn", "attention", "resnet", "lstm", "gru"]
 TINY = {
+    "models": MODELS,
     "train": {"epochs": 2, "batch_size": 32, "optimizer": "adam"},
-    "architecture": {"attention": {"embed_dim": 32, "num_heads": 4, "mlp_dim": 32}},
-    "quality": {"min_test_accuracy": {"mlp": 0.5, "cnn": 0.5, "attention": 0.3}},
+    "architecture": {
+        "attention": {"embed_dim": 32, "num_heads": 4, "mlp_dim": 32},
+        "resnet": {"stem_filters": 8, "block_filters": 16},
+        "lstm": {"hidden": 32},
+        "gru": {"hidden": 32},
+    },
+    "quality": {"min_test_accuracy": {"mlp": 0.5, "cnn": 0.5, "attention": 0.3, "resnet": 0.3, "lstm": 0.3,
+                                      "gru": 0.3}},
     "export": {"validation_batch_size": 16, "parity_batch_sizes": [1, 7, 1024]},
 }
 

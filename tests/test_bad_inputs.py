@@ -38,6 +38,7 @@ from integrity_support import (
     scratch,
     train_export,
 )
+from pipelines import paths
 from rosetta_common.data import IDX_FILES, check_dataset, load_idx_folder, load_prepared, write_idx
 from support import SavedEdits, TinyRun, sh
 
@@ -161,10 +162,10 @@ def idx_one_label_short(raw: bytes) -> bytes:
 
 
 def init_weights(change: Callable[[dict[str, np.ndarray], dict[str, Any]], None], model: str = "mlp") -> Damage:
-    """artifacts/<model>/init.safetensors rewritten with changed tensors or metadata (the rosetta JSON)."""
+    """artifacts/init/<model>.safetensors rewritten with changed tensors or metadata (the rosetta JSON)."""
 
     def damage(ws: Workspace) -> None:
-        rel = f"artifacts/{model}/init.safetensors"
+        rel = paths.init_weights(model)
         with safe_open(str(ws.path(rel)), framework="numpy") as f:
             metadata = f.metadata()
         info = json.loads(metadata["rosetta"])
@@ -189,15 +190,14 @@ def weight_nan(tensors: dict[str, np.ndarray], info: dict[str, Any]) -> None:
 
 def other_model_init(model: str, other: str) -> Damage:
     """Another architecture's (valid) init in this model's place."""
-    return lambda ws: ws.write(f"artifacts/{model}/init.safetensors",
-                               ws.path(f"artifacts/{other}/init.safetensors").read_bytes())
+    return lambda ws: ws.write(paths.init_weights(model), ws.path(paths.init_weights(other)).read_bytes())
 
 
 def native_file(change: Callable[[bytes], bytes] | None) -> Damage:
-    """One file of artifacts/mlp/jax/native/ changed (or removed), after export.json recorded its sha256."""
+    """One file of artifacts/jax/mlp/native/ changed (or removed), after export.json recorded its sha256."""
 
     def damage(ws: Workspace) -> None:
-        files = sorted(p for p in ws.path("artifacts/mlp/jax/native").rglob("*") if p.is_file())
+        files = sorted(p for p in ws.path(paths.native_dir("mlp", "jax")).rglob("*") if p.is_file())
         assert files, "the jax export has no native files"
         rel = files[0].relative_to(ws.run.root)
         if change is None:
@@ -225,7 +225,7 @@ def case(id: str, damage: Damage, command: list[str], expect: str, **kw: Any) ->
 
 
 INIT = init("mlp")
-TRAIN = train_export("jax", "mlp")  # jax starts fastest of the three frameworks
+TRAIN = train_export("jax", "mlp")  # the jax stage for mlp alone: jax starts fastest of the three frameworks
 NO_CHANGE: Damage = lambda ws: None  # noqa: E731
 
 ERROR_CASES = [
@@ -237,12 +237,12 @@ ERROR_CASES = [
     case("params-yaml-syntax", params_text("optimizer: adam", "optimizer: [adam"), DATA,
          r"^params\.yaml: not valid YAML at line \d+, column \d+: "),
     case("params-lr-unknown-model",
-         params_edit(lambda p: p["optimizers"]["adam"]["learning_rate"].update(resnet=1e-3)), DATA,
-         r"^params\.yaml: optimizers\.adam\.learning_rate.*unknown model 'resnet'"),
+         params_edit(lambda p: p["optimizers"]["adam"]["learning_rate"].update(vit=1e-3)), DATA,
+         r"^params\.yaml: optimizers\.adam\.learning_rate.*unknown model 'vit'"),
     case("params-model-without-floor", drop_floor("cnn"), DATA,
          r"^params\.yaml: quality\.min_test_accuracy = .*gives no floor for cnn"),
-    case("params-unknown-model", params_edit(lambda p: p.update(models=["mlp", "resnet"])), INIT,
-         r"^params\.yaml: models\.1 = 'resnet'"),
+    case("params-unknown-model", params_edit(lambda p: p.update(models=["mlp", "vit"])), INIT,
+         r"^params\.yaml: models\.1 = 'vit'"),
     # data/prepared/*.npz, read by init (the cheapest stage that loads them)
     case("prepared-flat-images", prepared("train", lambda x, y: (x.reshape(len(x), -1), y)), INIT,
          r"^data/prepared: train images: float32 \(\d+, 64\), expected float32 \(n, height, width\)"),
@@ -271,19 +271,19 @@ ERROR_CASES = [
          rf"^params\.yaml: data\.idx_dir = '{IDX_DIR}': has no train-labels-idx1-ubyte"),
     # canonical initial weights, read by train_export (before the framework is imported)
     case("weights-layout-tag", init_weights(wrong_layout), TRAIN,
-         r"^artifacts/mlp/init\.safetensors: layout tag 'torch-state-dict', expected 'rosetta-canonical-v1'"),
+         r"^artifacts/init/mlp\.safetensors: layout tag 'torch-state-dict', expected 'rosetta-canonical-v1'"),
     case("weights-wrong-shape", init_weights(wrong_shape), TRAIN,
-         r"^artifacts/mlp/init\.safetensors: hidden\.kernel has shape \(\d+, 64\), canonical is \(64, \d+\)"),
+         r"^artifacts/init/mlp\.safetensors: hidden\.kernel has shape \(\d+, 64\), canonical is \(64, \d+\)"),
     case("weights-nan", init_weights(weight_nan), TRAIN,
-         r"^artifacts/mlp/init\.safetensors: head\.bias holds 1 non-finite values"),
-    case("weights-truncated", truncate("artifacts/mlp/init.safetensors"), TRAIN,
-         r"^artifacts/mlp/init\.safetensors: not a readable safetensors file"),
+         r"^artifacts/init/mlp\.safetensors: head\.bias holds 1 non-finite values"),
+    case("weights-truncated", truncate(str(paths.init_weights("mlp"))), TRAIN,
+         r"^artifacts/init/mlp\.safetensors: not a readable safetensors file"),
     case("weights-wrong-architecture", other_model_init("mlp", "cnn"), TRAIN,
-         r"^artifacts/mlp/init\.safetensors: architecture 'cnn', expected 'mlp'"),
+         r"^artifacts/init/mlp\.safetensors: architecture 'cnn', expected 'mlp'"),
     # a run that diverges: it must name the step and publish nothing (the old run folder stays as it was)
     case("training-diverges",
          params_edit(lambda p: p["optimizers"]["adam"]["learning_rate"].update(mlp=1e30)), TRAIN,
-         r"^train_export@jax-mlp: training diverged at step \d+ \(epoch \d+\): loss (nan|inf|-inf) "
+         r"^train_export@jax mlp: training diverged at step \d+ \(epoch \d+\): loss (nan|inf|-inf) "
          r"\(try a smaller optimizers\.adam\.learning_rate\)", trains=True),
     # where stages run: environment variables and locks, read by the runner
     case("env-runtime-bogus", NO_CHANGE, VALIDATE,
@@ -363,7 +363,7 @@ def test_damaged_export_fails_its_check(workspace: Workspace, damage: Damage, ex
     result, output = run_stage(workspace, VALIDATE, {})
     assert result.returncode != 0, output
     assert "Traceback" not in result.stderr, output
-    assert re.search(rf"^FAILED mlp/jax artifacts_intact: .*artifacts/mlp/jax/native/\S+: {expect}",
+    assert re.search(rf"^FAILED mlp/jax artifacts_intact: .*artifacts/jax/mlp/native/\S+: {expect}",
                      result.stderr, re.M), output
     report = json.loads(workspace.path(REPORT).read_text())
     failed = {(r["model"], r["framework"], r["check"]) for r in report["checks"] if not r["passed"]}
@@ -381,18 +381,20 @@ def test_dvc_repro_failure_keeps_upstream_outputs(workspace: Workspace) -> None:
     """Through `dvc repro`, the same one line; every other output stays as it was. The failing stage's own output
     is gone afterwards: DVC removes a stage's outputs before it runs the stage (the stage itself touched nothing),
     and `dvc checkout` brings it back from the cache, byte for byte."""
-    own = "artifacts/mlp/init.safetensors"
+    own = f"{paths.INIT}/"
     before = fingerprint(workspace.run.root)
     workspace.edit_params(lambda p: p["architecture"]["mlp"].update(hidden=0))
-    result = sh(["dvc", "repro", "init@mlp"], workspace.run.root, workspace.run.env, check=False)
+    result = sh(["dvc", "repro", "init"], workspace.run.root, workspace.run.env, check=False)
     output = f"exit {result.returncode}\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
     assert result.returncode != 0 and "Traceback" not in result.stderr, output
     errors = [line for line in message_lines(result.stderr) if line.startswith("error: ")]
     assert errors == ["error: params.yaml: architecture.mlp.hidden = 0: Input should be greater than 0"], output
     after = fingerprint(workspace.run.root)
-    assert {k: v for k, v in after.items() if k != own} == {k: v for k, v in before.items() if k != own}, output
-    assert after.get(own) in (None, before[own]), output
+    assert ({k: v for k, v in after.items() if not k.startswith(own)}
+            == {k: v for k, v in before.items() if not k.startswith(own)}), output
+    mine = {k: v for k, v in after.items() if k.startswith(own)}
+    assert mine in ({}, {k: v for k, v in before.items() if k.startswith(own)}), output
     assert not leftovers(workspace.run.root), output
     workspace.restore()
-    sh(["dvc", "checkout", "init@mlp"], workspace.run.root, workspace.run.env)
+    sh(["dvc", "checkout", "init"], workspace.run.root, workspace.run.env)
     assert fingerprint(workspace.run.root) == before

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import containers, images
+from pipelines import containers, images, paths
 from pipelines.containers import Engine
 from pipelines.environments import ENVIRONMENTS, envs_dir, lock_path, lock_sha256
 from support import REPO, copy_repo, orchestrator_env
@@ -342,7 +342,7 @@ def pipeline(engine, built_images):
 def test_container_pipeline_passes_validation(pipeline):
     root, _, output = pipeline
     ran = set(re.findall(r"Running stage '([^']+)'", output))
-    assert {"data", "validate"} <= ran and {f"train_export@{f}-mlp" for f in ("torch", "tf", "jax")} <= ran
+    assert {"data", "validate"} <= ran and {f"train_export@{f}" for f in ("torch", "tf", "jax")} <= ran
     report = json.loads((root / "reports/validation.json").read_text())
     assert report["passed"] is True
 
@@ -391,8 +391,9 @@ def test_container_figures_equal_local_ones_within_parity_tolerances(pipeline):
 
     root, env, _ = pipeline
     tol = load_spec(root / "params.yaml").tolerances
-    stages = [f"train_export@{f}-{m}" for f in ("torch", "tf", "jax") for m in ("mlp", "cnn", "attention")]
-    before = {s: _figures(root, s) for s in stages}
+    stages = [f"train_export@{f}" for f in ("torch", "tf", "jax")]
+    runs = [(f, m) for f in ("torch", "tf", "jax") for m in load_spec(root / "params.yaml").models]
+    before = {run: _figures(root, *run) for run in runs}
     local = {**env, "ROSETTA_RUNTIME": "local", "ROSETTA_ENVS_DIR": str(envs_dir())}
     subprocess.run(
         ["dvc", "repro", "--force", "--single-item", *stages],
@@ -402,14 +403,13 @@ def test_container_figures_equal_local_ones_within_parity_tolerances(pipeline):
         text=True,
         check=True,
     )
-    for stage in stages:
-        (c_losses, c_metrics), (l_losses, l_metrics) = before[stage], _figures(root, stage)
-        assert relative_diff(c_losses[0], l_losses[0]) <= tol.step1_loss_rel, stage
-        assert relative_diff(c_metrics["test_loss"], l_metrics["test_loss"]) <= tol.test_loss_rel, stage
-        assert 100 * abs(c_metrics["test_accuracy"] - l_metrics["test_accuracy"]) <= tol.test_accuracy_points, stage
+    for run in runs:
+        (c_losses, c_metrics), (l_losses, l_metrics) = before[run], _figures(root, *run)
+        assert relative_diff(c_losses[0], l_losses[0]) <= tol.step1_loss_rel, run
+        assert relative_diff(c_metrics["test_loss"], l_metrics["test_loss"]) <= tol.test_loss_rel, run
+        assert 100 * abs(c_metrics["test_accuracy"] - l_metrics["test_accuracy"]) <= tol.test_accuracy_points, run
 
 
-def _figures(root: Path, stage: str) -> tuple[list[float], dict]:
-    fw, model = stage.removeprefix("train_export@").split("-")
-    log = json.loads((root / f"artifacts/{model}/{fw}/train_log.json").read_text())
-    return log["step_losses"], json.loads((root / f"artifacts/{model}/{fw}/metrics.json").read_text())
+def _figures(root: Path, fw: str, model: str) -> tuple[list[float], dict]:
+    log = json.loads((root / paths.train_log(model, fw)).read_text())
+    return log["step_losses"], json.loads((root / paths.metrics(model, fw)).read_text())

@@ -106,9 +106,12 @@ def test_killed_repro_resumes_to_the_same_hashes(tiny_pipeline: TinyRun, tmp_pat
     status = sh(["dvc", "status", "--json"], root, env)
     assert json.loads(status.stdout or "{}") == {}, status.stdout
 
-    expected, got = lock_hashes(tiny_pipeline.root), lock_hashes(root)
+    # The stages of this dvc.yaml: a stale committed dvc.lock (one written before a stage was renamed) carries
+    # entries of stages that no longer exist, which DVC keeps or drops depending on how it rewrote the file.
+    stages = set(pipeline_stages(root))
+    expected, got = lock_hashes(tiny_pipeline.root, stages=stages), lock_hashes(root, stages=stages)
     changed = differences(expected, got)
-    deps = differences(lock_hashes(tiny_pipeline.root, ("deps",)), lock_hashes(root, ("deps",)))
+    deps = differences(lock_hashes(tiny_pipeline.root, ("deps",), stages), lock_hashes(root, ("deps",), stages))
     assert not changed, (
         "outputs whose md5 differs from the uninterrupted run's dvc.lock:\n" + "\n".join(changed)
         + ("\n(dependencies differ too, so the fixture's copy was edited since its run:\n" + "\n".join(deps) + ")"

@@ -13,12 +13,15 @@ from pathlib import Path
 
 import numpy as np
 
-from support import TINY, VALIDATE, TinyRun, ran_stages, sh
+from pipelines import measurements, paths
+from rosetta_common.spec import ModelConfig, parse_spec
+from rosetta_common.weights import canonical_shapes, is_statistic
+from support import MODELS, TINY, VALIDATE, TinyRun, ran_stages, sh
 
-MODELS = ["mlp", "cnn", "attention"]
 FRAMEWORKS = ["torch", "tf", "jax"]
 PAIRS = ["torch|tf", "torch|jax", "tf|jax"]
-# What one train_export stage publishes, and nothing else: one folder per framework and model.
+STAGES = {"data", "init", "validate", "report"} | {f"train_export@{f}" for f in FRAMEWORKS}
+# What a train_export stage publishes for each model, and nothing else: one run folder per model.
 RUN_FILES = {
     "trained.safetensors",
     "train_log.json",
@@ -33,9 +36,13 @@ METRICS_KEYS = {"test_accuracy", "test_loss", "final_train_loss", "parameters", 
 
 
 def test_first_repro_runs_every_stage(tiny_pipeline: TinyRun) -> None:
-    expected = {"data", "validate", "report"} | {f"init@{m}" for m in MODELS}
-    expected |= {f"train_export@{f}-{m}" for f in FRAMEWORKS for m in MODELS}
-    assert ran_stages(tiny_pipeline.output) == expected
+    assert ran_stages(tiny_pipeline.output) == STAGES
+
+
+def has_batchnorm(model: str) -> bool:
+    """Whether the model's canonical layout (TINY params, digits' 8x8 images) holds BatchNorm statistics."""
+    config = ModelConfig.of(parse_spec(TINY), model, (8, 8), 10)
+    return any(is_statistic(name) for name in canonical_shapes(config))
 
 
 def test_validation_report_passes_with_every_check(tiny_pipeline: TinyRun) -> None:
@@ -55,7 +62,12 @@ def test_validation_report_passes_with_every_check(tiny_pipeline: TinyRun) -> No
                 "min_test_accuracy",
             ):
                 assert (m, f, check) in checks
-            assert any(c.startswith("native_roundtrip_") for (mm, ff, c) in checks if (mm, ff) == (m, f)), (m, f)
+            own = {c for (mm, ff, c) in checks if (mm, ff) == (m, f)}
+            formats = {c.removeprefix("native_roundtrip_") for c in own if c.startswith("native_roundtrip_")}
+            assert formats, (m, f)
+            # every export's inference mode: both ONNX files, and each native format
+            assert {f"inference_mode_native_{fmt}" for fmt in formats} | {
+                "inference_mode_onnx_model", "inference_mode_onnx_init"} <= own, (m, f)
         for pair in PAIRS:
             for check in (
                 "forward_parity_init_onnx",
@@ -65,6 +77,9 @@ def test_validation_report_passes_with_every_check(tiny_pipeline: TinyRun) -> No
                 "test_accuracy_points",
             ):
                 assert (m, pair, check) in checks
+            # the running statistics, for exactly the models with BatchNorm
+            for check in ("running_mean_rel", "running_var_rel"):
+                assert ((m, pair, check) in checks) == has_batchnorm(m), (m, pair, check)
     for row in report["checks"]:
         assert row["passed"] is True, row
         if row["check"] == "min_test_accuracy":  # a floor, not a tolerance
@@ -72,14 +87,23 @@ def test_validation_report_passes_with_every_check(tiny_pipeline: TinyRun) -> No
         elif row["tolerance"] is not None:
             assert row["max_abs_err"] <= row["tolerance"], row
     assert len(report["training_parity"]) == len(PAIRS) * len(MODELS)
+    with_bn = [m for m in MODELS if has_batchnorm(m)]
+    assert with_bn, "TINY has no model with BatchNorm: the running-statistics figure is never made"
+    statistics = report["running_statistics"]
+    assert sorted((s["model"], s["frameworks"]) for s in statistics) == sorted((m, p) for m in with_bn for p in PAIRS)
+    for fig in statistics:
+        assert fig["layers"] and all(set(v) == {"running_mean", "running_var"} for v in fig["layers"].values()), fig
 
 
 def test_artifacts_and_measurements_are_laid_out(tiny_pipeline: TinyRun) -> None:
     root = tiny_pipeline.root
+    assert sorted(p.name for p in (root / paths.ARTIFACTS).iterdir()) == sorted(["init", *FRAMEWORKS])
+    assert sorted(p.name for p in (root / paths.INIT).iterdir()) == sorted(f"{m}.safetensors" for m in MODELS)
+    for f in FRAMEWORKS:
+        assert sorted(p.name for p in (root / paths.framework_dir(f)).iterdir()) == sorted(MODELS)
     for m in MODELS:
-        assert sorted(p.name for p in (root / f"artifacts/{m}").iterdir()) == sorted(["init.safetensors", *FRAMEWORKS])
         for f in FRAMEWORKS:
-            run = root / f"artifacts/{m}/{f}"
+            run = root / paths.run_dir(m, f)
             assert {p.name for p in run.iterdir()} == RUN_FILES, run
             assert any((run / "native").iterdir())
             # every file of the run but export.json itself is recorded there with its sha256
@@ -99,7 +123,12 @@ def test_artifacts_and_measurements_are_laid_out(tiny_pipeline: TinyRun) -> None
                 # the validation batch is the first test images (to float32 rounding: kernels vary with batch size)
                 test_logits = outputs["test_logits"]
                 np.testing.assert_allclose(test_logits[:batch], outputs["validation_logits"], rtol=0, atol=1e-4)
-            timings = json.loads((root / f"measurements/{m}/{f}.json").read_text())
+                for fmt in record["native_roundtrip_max_abs"]:  # each native format's inference-mode record
+                    runs, alone = paths.native_inference_keys(fmt)
+                    assert outputs[runs].shape == (2, batch, 10), (m, f, fmt)
+                    assert outputs[alone].shape == (min(paths.NATIVE_ALONE, batch), 10), (m, f, fmt)
+            timings = json.loads((root / measurements.record_path(m, f)).read_text())
+            assert timings["stage"] == f"train_export@{f}"
             assert timings["train"]["train_seconds"] > 0
             assert timings["train"]["steady_samples_per_second"] > 0
             assert {"native_export_seconds", "onnx_export_seconds"} <= set(timings["export"])
@@ -110,6 +139,17 @@ def test_artifacts_and_measurements_are_laid_out(tiny_pipeline: TinyRun) -> None
     assert {"report.html", "report.md", "summary", "plots"} <= {p.name for p in report.iterdir()}
     assert {p.name for p in (report / "summary").iterdir()} == {f"{m}.json" for m in MODELS}
     assert (root / "measurements/timings.js").is_file() and (root / "measurements/latency.csv").is_file()
+    # every stage's wall time, start-up broken down, readable after the run
+    stages = measurements.read_stages(root / measurements.ROOT)
+    assert set(stages) == STAGES
+    for name, record in stages.items():
+        assert record["total_seconds"] > 0 and record["startup"]["imports_seconds"] > 0, name
+        assert record["startup"]["interpreter_seconds"] is not None, name  # Linux: /proc gives the process start
+    for f in FRAMEWORKS:
+        record = stages[f"train_export@{f}"]
+        assert record["models"] == MODELS and record["startup"]["runner_seconds"] is not None
+        phases = ("train", "export_native", "export_onnx", "outputs", "latency")
+        assert list(record["phases"]) == ["inputs", "framework_import", *(f"{m}.{p}" for m in MODELS for p in phases)]
     assert not list(root.rglob("*.pkl")) and not list(root.rglob("*.pickle"))
 
 
@@ -147,37 +187,37 @@ def validate_fails_naming(tiny_pipeline: TinyRun, damage: Callable[[], None], fa
 def test_corrupt_onnx_fails_validation_naming_the_file(tiny_pipeline: TinyRun) -> None:
     # The bytes export.json recorded are gone: the run fails artifacts_intact and nothing else of it is judged
     # (a corrupt model.onnx with its hash re-recorded, failing onnx_checker_model, is in test_validate_failures).
-    target = tiny_pipeline.root / "artifacts/mlp/tf/model.onnx"
+    target = tiny_pipeline.root / paths.onnx_model("mlp", "tf")
     validate_fails_naming(
         tiny_pipeline,
         lambda: replace_bytes(target, b"this is not an onnx model"),
         "mlp/tf artifacts_intact",
-        "artifacts/mlp/tf/model.onnx: altered since export",
+        f"{paths.onnx_model('mlp', 'tf')}: altered since export",
     )
 
 
 def test_missing_onnx_fails_validation_naming_the_file(tiny_pipeline: TinyRun) -> None:
-    target = tiny_pipeline.root / "artifacts/mlp/tf/model.onnx"
+    target = tiny_pipeline.root / paths.onnx_model("mlp", "tf")
     validate_fails_naming(
-        tiny_pipeline, target.unlink, "mlp/tf artifacts_intact", "artifacts/mlp/tf/model.onnx: missing"
+        tiny_pipeline, target.unlink, "mlp/tf artifacts_intact", f"{paths.onnx_model('mlp', 'tf')}: missing"
     )
 
 
 def test_missing_native_formats_fail_validation_naming_a_file(tiny_pipeline: TinyRun) -> None:
     """The validator cannot load native formats (it has no framework): only their recorded sha256 ties them to
     the round-trip figures in export.json. Without it, a run whose native/ is gone would pass."""
-    native = tiny_pipeline.root / "artifacts/cnn/tf/native"
+    native = tiny_pipeline.root / paths.native_dir("cnn", "tf")
     first = sorted(str(p.relative_to(native.parent)) for p in native.rglob("*") if p.is_file())[0]
     validate_fails_naming(
         tiny_pipeline,
         lambda: shutil.rmtree(native),
         "cnn/tf artifacts_intact",
-        f"artifacts/cnn/tf/{first}: missing (export.json recorded it)",
+        f"{paths.run_dir('cnn', 'tf')}/{first}: missing (export.json recorded it)",
     )
 
 
 def test_altered_native_file_fails_validation_naming_it(tiny_pipeline: TinyRun) -> None:
-    run = tiny_pipeline.root / "artifacts/attention/tf"
+    run = tiny_pipeline.root / paths.run_dir("attention", "tf")
     target = max((p for p in (run / "native").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
     data = bytearray(target.read_bytes())
     data[len(data) // 2] ^= 0xFF  # one byte in the middle of the largest native file
@@ -185,17 +225,30 @@ def test_altered_native_file_fails_validation_naming_it(tiny_pipeline: TinyRun) 
         tiny_pipeline,
         lambda: replace_bytes(target, bytes(data)),
         "attention/tf artifacts_intact",
-        f"artifacts/attention/tf/{target.relative_to(run)}: altered since export",
+        f"{paths.run_dir('attention', 'tf')}/{target.relative_to(run)}: altered since export",
     )
 
 
-def test_editing_torch_package_reruns_only_torch_and_downstream(tiny_pipeline: TinyRun) -> None:
+def edit_reruns(tiny_pipeline: TinyRun, framework: str) -> set[str]:
+    """Edit one framework's package in the run, `dvc repro`: the stages that ran (`dvc status` clean after)."""
     root, env, _ = tiny_pipeline
-    source = root / "packages/torch_impl/src/rosetta_torch/models.py"
-    source.write_text(source.read_text() + "\n# an edit\n")
+    source = root / f"packages/{framework}_impl/src/rosetta_{framework}/models.py"
+    source.write_text(source.read_text() + f"\n# an edit of {framework}\n")
     result = sh(["dvc", "repro"], root, env)
-    ran = ran_stages(result.stdout)
-    torch_stages = {f"train_export@torch-{m}" for m in MODELS}
-    assert torch_stages <= ran, ran
-    assert ran <= torch_stages | {"validate", "report"}, ran
     assert json.loads(sh(["dvc", "status", "--json"], root, env).stdout) == {}
+    return ran_stages(result.stdout)
+
+
+def assert_reruns_only(ran: set[str], framework: str) -> None:
+    """Its own stage, and what lies downstream of it (validate and report, unless the rerun's output is byte for
+    byte the previous one, as after a comment: then only report, which shows the package's models.py)."""
+    own = f"train_export@{framework}"
+    assert own in ran and ran <= {own, "validate", "report"}, ran
+
+
+def test_editing_torch_package_reruns_only_torch_and_downstream(tiny_pipeline: TinyRun) -> None:
+    assert_reruns_only(edit_reruns(tiny_pipeline, "torch"), "torch")
+
+
+def test_editing_jax_package_reruns_no_torch_or_tf_work(tiny_pipeline: TinyRun) -> None:
+    assert_reruns_only(edit_reruns(tiny_pipeline, "jax"), "jax")

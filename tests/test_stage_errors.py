@@ -9,7 +9,7 @@ import yaml
 from support import REPO, orchestrator_env
 
 SPEC_CASES = [
-    (lambda p: p.update(models=["mlp", "resnet"]), "models.1 = 'resnet'"),
+    (lambda p: p.update(models=["mlp", "vit"]), "models.1 = 'vit'"),
     (lambda p: p["optimizers"]["adam"].update(learning_rate=-0.01), "optimizers.adam.learning_rate = -0.01"),
     (lambda p: p["train"].update(epochs=0), "train.epochs = 0"),
     (lambda p: p["train"].update(batch_size="big"), "train.batch_size = 'big'"),

@@ -501,6 +501,112 @@ def native_roundtrip(model: str, framework: str) -> Perturb:
     return perturb
 
 
+def running_statistic(model: str, framework: str, statistic: str) -> Perturb:
+    """One framework's trained BatchNorm statistic moves in one element of one layer (the first such layer): its
+    smallest-magnitude element, so that the tensor's largest magnitude (the figure's denominator) stays, shifts by
+    shift() times that magnitude. Every pair the framework is in moves; nothing else does (training parity reads
+    the logs and test logits, not the weights)."""
+
+    def perturb(ws: Workspace, side: Side) -> list[Key]:
+        rows = ws.rows(model, f"{statistic}_rel", framework)
+        baseline, bound = worst(rows)
+        frameworks = {f for r in rows for f in r["framework"].split("|")}
+        trained = {f: load_file(str(ws.run.root / paths.trained_weights(model, f))) for f in frameworks}
+        name = next(n for n in trained[framework] if n.endswith(f".{statistic}"))
+        scale = max(float(np.abs(t[name]).max()) for t in trained.values())
+        tensor = trained[framework][name].copy()
+        smallest = int(np.abs(tensor).argmin())
+        tensor.flat[smallest] += np.float32(shift(side, baseline, bound) * scale)
+        assert np.abs(tensor).max() <= scale, "the shift changed the tensor's largest magnitude"
+        rel = paths.trained_weights(model, framework)
+        with safe_open(str(ws.run.root / rel), framework="numpy") as f:
+            metadata = f.metadata()
+        ws.write(rel, save_safetensors({**trained[framework], name: tensor}, metadata=metadata))
+        rehash(ws, paths.run_dir(model, framework))
+        return [key(r) for r in rows]
+
+    return perturb
+
+
+# inference_mode_problems (rosetta_common.metrics) compares an image's logits alone with those in its batch for
+# the batch's first images: the planted batch dependence is measured on these (beyond) and bounded over the whole
+# batch (inside), so that either side holds whichever first images it looks at.
+FIRST_ALONE = 4
+
+
+def reduce_mean_rows(node_input: str, output: str, opset: int) -> onnx.NodeProto:
+    """ReduceMean over axis 0, keeping it: axes are an attribute before opset 18, an input from it."""
+    if opset >= 18:
+        return helper.make_node("ReduceMean", [node_input, "batch_axis0"], [output], keepdims=1)
+    return helper.make_node("ReduceMean", [node_input], [output], axes=[0], keepdims=1)
+
+
+def onnx_batch_dependence(model: str, framework: str) -> Perturb:
+    """model.onnx adds delta * (mean over the batch of pixel p - c) to every logit, c being that mean over the
+    validation batch: on the validation batch (onnx_vs_native) it adds ~0, on the test set (accuracy) the same
+    value to every class (no prediction changes), but an image alone gets delta * (x[p] - c): its logits depend on
+    its batch, as with BatchNorm on batch statistics. Only inference_mode_onnx_model moves."""
+
+    def perturb(ws: Workspace, side: Side) -> list[Key]:
+        row = ws.row(model, framework, "inference_mode_onnx_model")
+        target = shift(side, row["max_abs_err"], row["tolerance"])
+        flat = ws.validation_batch().reshape(ws.validation_batch_size(), -1).astype(np.float64)
+        centre = flat.mean(axis=0)
+        first = np.abs(flat[:FIRST_ALONE] - centre).max(axis=0)
+        pixel = int(first.argmax())
+        spread = first[pixel] if side == "beyond" else np.abs(flat[:, pixel] - centre[pixel]).max()
+        delta = target / spread
+        rel = paths.onnx_model(model, framework)
+        onnx_model = onnx.load(str(ws.run.root / rel))
+        opset = next(o.version for o in onnx_model.opset_import if o.domain in ("", "ai.onnx"))
+        graph = onnx_model.graph
+        images, logits = graph.input[0].name, graph.output[0].name
+        for node in graph.node:
+            node.output[:] = [f"{logits}_alone" if name == logits else name for name in node.output]
+        graph.initializer.extend([
+            numpy_helper.from_array(np.array([pixel], np.int64), "batch_pixel"),
+            numpy_helper.from_array(np.array([0], np.int64), "batch_axis0"),
+            numpy_helper.from_array(np.array(centre[pixel], np.float32), "batch_centre"),
+            numpy_helper.from_array(np.array(delta, np.float32), "batch_delta"),
+        ])
+        graph.node.extend([
+            helper.make_node("Flatten", [images], ["batch_flat"], axis=1),
+            helper.make_node("Gather", ["batch_flat", "batch_pixel"], ["batch_x"], axis=1),  # (batch, 1)
+            reduce_mean_rows("batch_x", "batch_mean", opset),  # (1, 1)
+            helper.make_node("Sub", ["batch_mean", "batch_centre"], ["batch_off"]),
+            helper.make_node("Mul", ["batch_off", "batch_delta"], ["batch_term"]),
+            helper.make_node("Add", [f"{logits}_alone", "batch_term"], [logits]),
+        ])
+        onnx.checker.check_model(onnx_model, full_check=True)
+        ws.write(rel, onnx_model.SerializeToString())
+        rehash(ws, paths.run_dir(model, framework))
+        return [key(row)]
+
+    return perturb
+
+
+def native_batch_dependence(model: str, framework: str) -> Perturb:
+    """The logits one native format recorded for the first image alone move by an offset (at its smallest logit,
+    whose float32 spacing is finest): that export's image depends on its batch. Only its inference-mode row
+    moves."""
+
+    def perturb(ws: Workspace, side: Side) -> list[Key]:
+        fmt = sorted(ws.read_json(paths.export_record(model, framework))["native_roundtrip_max_abs"])[0]
+        row = ws.row(model, framework, f"inference_mode_native_{fmt}")
+        rel = paths.native_outputs(model, framework)
+        arrays = ws.read_npz(rel)
+        _, alone_key = paths.native_inference_keys(fmt)
+        alone = arrays[alone_key].copy()
+        at = int(np.abs(alone[0]).argmin())
+        alone[0, at] += shift(side, row["max_abs_err"], row["tolerance"])
+        arrays[alone_key] = alone
+        ws.write_npz(rel, arrays)
+        rehash(ws, paths.run_dir(model, framework))
+        return [key(row)]
+
+    return perturb
+
+
 # One case per kind of check, spread over models and frameworks (not every combination: each case is a run).
 CASES = [
     pytest.param(native_logits("cnn", "torch", "onnx_vs_native", "validation_logits"), id="onnx_vs_native-cnn-torch"),
@@ -518,6 +624,12 @@ CASES = [
     pytest.param(native_roundtrip("mlp", "torch"), id="native_roundtrip-mlp-torch"),
     pytest.param(native_roundtrip("cnn", "tf"), id="native_roundtrip-cnn-tf"),
     pytest.param(native_roundtrip("attention", "jax"), id="native_roundtrip-attention-jax"),
+    pytest.param(running_statistic("resnet", "tf", "running_mean"), id="running_mean_rel-resnet-tf"),
+    pytest.param(running_statistic("resnet", "torch", "running_var"), id="running_var_rel-resnet-torch"),
+    pytest.param(onnx_batch_dependence("resnet", "jax"), id="inference_mode_onnx_model-resnet-jax"),
+    pytest.param(onnx_batch_dependence("gru", "tf"), id="inference_mode_onnx_model-gru-tf"),
+    pytest.param(native_batch_dependence("resnet", "torch"), id="inference_mode_native-resnet-torch"),
+    pytest.param(native_batch_dependence("lstm", "jax"), id="inference_mode_native-lstm-jax"),
 ]
 # Checks whose tolerance is 0: only "beyond".
 ZERO_TOLERANCE_CASES = [
@@ -655,7 +767,8 @@ def onnx_corrupt_rehashed(model: str, framework: str) -> Damage:
         target = paths.onnx_model(model, framework)
         ws.write(target, b"this is not an onnx model")
         rehash(ws, paths.run_dir(model, framework))
-        absent = {(model, framework, "onnx_vs_native"), (model, framework, "onnx_test_accuracy_equals_native")}
+        absent = {(model, framework, check) for check in ("onnx_vs_native", "onnx_test_accuracy_equals_native",
+                                                           "inference_mode_onnx_model")}
         return {(model, framework, "onnx_checker_model")}, absent, f"{target}: not a valid ONNX model"
 
     return damage
@@ -678,3 +791,52 @@ def test_validate_refuses_altered_artifacts(workspace: Workspace, damage: Damage
         assert message in rows[k].get("detail", ""), (rows[k], message)
     assert message in result.stderr, output
     assert rows.keys() == workspace.run.baseline.keys() - absent, output
+
+
+def in_training_mode(kind: str) -> Callable[[onnx.ModelProto], None]:
+    """A graph edit that puts the model's logits through a layer in training mode, as an export made before
+    `model.eval()` (or with `training=True`) would: "dropout", a Dropout whose training_mode input is true
+    (random units dropped on every run); "batch statistics", a BatchNormalization with training_mode=1 (each
+    class's logit normalized with the batch's mean and variance, so an image's logits depend on its batch)."""
+
+    def edit(model: onnx.ModelProto) -> None:
+        graph = model.graph
+        logits = graph.output[0].name
+        for node in graph.node:
+            node.output[:] = [f"{logits}_eval" if name == logits else name for name in node.output]
+        classes = graph.output[0].type.tensor_type.shape.dim[1].dim_value
+        if kind == "dropout":
+            graph.initializer.extend([numpy_helper.from_array(np.array(0.5, np.float32), "train_ratio"),
+                                      numpy_helper.from_array(np.array(True), "train_mode")])
+            graph.node.append(helper.make_node("Dropout", [f"{logits}_eval", "train_ratio", "train_mode"], [logits]))
+        else:
+            graph.initializer.extend([numpy_helper.from_array(np.full(classes, value, np.float32), name)
+                                      for name, value in (("bn_scale", 1.0), ("bn_bias", 0.0), ("bn_mean", 0.0),
+                                                          ("bn_var", 1.0))])
+            graph.node.append(helper.make_node(
+                "BatchNormalization", [f"{logits}_eval", "bn_scale", "bn_bias", "bn_mean", "bn_var"],
+                [logits, "bn_running_mean", "bn_running_var"], training_mode=1))
+        onnx.checker.check_model(model, full_check=True)
+
+    return edit
+
+
+@pytest.mark.parametrize(("kind", "problem"), [("dropout", "dropout active?"),
+                                               ("batch statistics", "batch statistics in use?")])
+def test_an_onnx_export_in_training_mode_fails_the_inference_mode_check(workspace: Workspace, kind: str,
+                                                                          problem: str) -> None:
+    """resnet's model.onnx from torch, edited into a training-mode export (and its hash re-recorded, as an export
+    that wrote it would have): validate fails inference_mode_onnx_model naming what shows it. (Its logits differ
+    from the framework's too, so onnx_vs_native and the accuracy checks may fail beside it.)"""
+    rel = paths.onnx_model("resnet", "torch")
+    model = onnx.load(str(workspace.run.root / rel))
+    in_training_mode(kind)(model)
+    workspace.write(rel, model.SerializeToString())
+    rehash(workspace, paths.run_dir("resnet", "torch"))
+    result, rows, output = run_validate(workspace)
+    assert result.returncode != 0, output
+    row = rows[("resnet", "torch", "inference_mode_onnx_model")]
+    assert row["passed"] is False and row["max_abs_err"] > row["tolerance"], row
+    assert problem in row["detail"], row
+    assert re.search(r"^FAILED resnet/torch inference_mode_onnx_model:", result.stderr, re.M), output
+    assert rows[("resnet", "torch", "inference_mode_onnx_init")]["passed"] is True  # init.onnx was left alone

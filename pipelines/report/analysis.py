@@ -122,6 +122,18 @@ TRAINING_FIGURES: list[tuple[str, str, str | None, str | None]] = [
 ]
 
 
+def trained_tolerances(inputs: Inputs, model: str) -> Any:
+    """The tolerances a model's trained runs are judged by: params.yaml's, with the model's documented overrides
+    (tolerances.models) applied."""
+    return inputs.spec.tolerances.for_model(model)
+
+
+def override_reason(inputs: Inputs, model: str) -> str:
+    """Why a model's trained runs have weaker bounds (params.yaml tolerances.models), or "" when they have none."""
+    override = inputs.spec.tolerances.models.get(model)  # type: ignore[call-overload]
+    return override.reason if override is not None else ""
+
+
 @dataclass
 class Cell:
     value: float | None
@@ -141,7 +153,7 @@ def training_parity(inputs: Inputs, model: str) -> list[dict[str, Any]]:
             row = rows_by_key.get((fig["frameworks"], check)) if check else None
             tolerance = row.get("tolerance") if row else None
             if tolerance is None and tol_field:
-                tolerance = getattr(inputs.spec.tolerances, tol_field)
+                tolerance = getattr(trained_tolerances(inputs, model), tol_field)
             cells[key] = Cell(fig.get(key), tolerance, bool(row["passed"]) if row else None)
         table.append({"pair": fig["frameworks"], "optimizer": fig.get("optimizer", ""), "cells": cells})
     return table
@@ -190,3 +202,74 @@ def op_table(inputs: Inputs, model: str, file: str = "model.onnx") -> tuple[list
     ops = sorted(total, key=lambda op: (-total[op], op))
     rows = [{"op": op, **{fw: (s.ops.get(op, 0) if s else None) for fw, s in counts.items()}} for op in ops]
     return ops, rows
+
+
+# The ONNX op a recurrent model's layer maps to when an exporter keeps it whole. An exporter may instead emit a
+# loop (Loop or Scan, one step per iteration) or unroll it (one copy of the step per image row).
+RECURRENT_OPS = {"lstm": "LSTM", "gru": "GRU"}
+LOOP_OPS = ("Loop", "Scan")
+STEP_OPS = ("MatMul", "Gemm", "Sigmoid", "Tanh")  # what an unrolled step is made of
+
+
+@dataclass
+class RecurrentForm:
+    framework: str
+    file: str  # "model.onnx" / "init.onnx"
+    form: str  # "LSTM op", "Loop", "Scan", "unrolled", or "missing"
+    evidence: str  # the op counts the form was read from
+
+
+def recurrent_form(ops: Any, op: str) -> tuple[str, str]:
+    """How an ONNX file (its op histogram, subgraphs included) holds a recurrent layer whose whole op is `op`."""
+    if ops.get(op):
+        return f"{op} op", f"{op} x{ops[op]}"
+    loops = [name for name in LOOP_OPS if ops.get(name)]
+    if loops:
+        return " + ".join(loops), ", ".join(f"{name} x{ops[name]}" for name in loops)
+    steps = ", ".join(f"{name} x{ops[name]}" for name in STEP_OPS if ops.get(name))
+    return "unrolled", f"no {op}, Loop or Scan; {steps or 'no step ops'}"
+
+
+def recurrent_forms(inputs: Inputs, model: str) -> list[RecurrentForm]:
+    """Per framework and ONNX file, the form its recurrent layer took; empty for a model without one."""
+    op = RECURRENT_OPS.get(model)
+    if op is None:
+        return []
+    rows = []
+    for fw in inputs.frameworks:
+        for file in ("model.onnx", "init.onnx"):
+            summary = inputs.run(model, fw).onnx.get(file)
+            if summary is None:
+                rows.append(RecurrentForm(fw, file, "missing", ""))
+            else:
+                rows.append(RecurrentForm(fw, file, *recurrent_form(summary.ops, op)))
+    return rows
+
+
+STATISTICS = ("running_mean", "running_var")
+
+
+def running_statistics(inputs: Inputs, model: str) -> list[dict[str, Any]]:
+    """Per pair of frameworks: each BatchNorm running statistic's worst relative difference after training, with
+    the check that judged it, and every layer's figures (validation.json's `running_statistics`)."""
+    rows_by_key = {(r["framework"], r["check"]): r for r in check_rows(inputs, model)}
+    table = []
+    for fig in (inputs.validation or {}).get("running_statistics", []):
+        if fig.get("model") != model:
+            continue
+        cells = {}
+        for statistic in STATISTICS:
+            row = rows_by_key.get((fig["frameworks"], f"{statistic}_rel"))
+            tolerance = row.get("tolerance") if row else trained_tolerances(inputs, model).running_stats_rel
+            cells[statistic] = Cell(fig.get(f"{statistic}_max_rel"), tolerance,
+                                    bool(row["passed"]) if row else None)
+        table.append({"pair": fig["frameworks"], "cells": cells, "layers": fig.get("layers") or {}})
+    return table
+
+
+INFERENCE_PREFIX = "inference_mode_"
+
+
+def inference_mode(inputs: Inputs, model: str) -> list[dict[str, Any]]:
+    """Every export's inference-mode row (ONNX files and native formats), framework by framework."""
+    return [r for r in check_rows(inputs, model) if str(r.get("check", "")).startswith(INFERENCE_PREFIX)]

@@ -1,4 +1,4 @@
-"""Read the lineage the report stands on into one structure: each run's folder (artifacts/<model>/<framework>/:
+"""Read the lineage the report stands on into one structure: each run's folder (artifacts/<framework>/<model>/:
 metrics.json, train_log.json, export.json, the ONNX files) and reports/validation.json. Never measurements/: they
 are no dependency of the report stage, so nothing rendered at build time may come from them.
 

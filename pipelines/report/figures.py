@@ -159,3 +159,33 @@ def op_histogram(
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
     return data_uri(fig)
+
+
+@stable
+def running_statistics(model: str, figures: Sequence[Mapping[str, Any]], tolerance: float) -> str | None:
+    """Per BatchNorm layer, each pair's relative difference of the running mean and variance after training (log
+    scale), with the tolerance the worst one is judged against."""
+    layers = sorted({layer for fig in figures for layer in fig.get("layers", {})})
+    if not layers:
+        return None
+    fig = Figure(figsize=(11, 0.9 + 0.5 * len(layers)))
+    axes = fig.subplots(1, 2, sharey=True)
+    y = np.arange(len(layers))
+    height = 0.8 / max(1, len(figures))
+    pairs = [str(f.get("pair", "")) for f in figures]
+    for ax, statistic in zip(axes, ("running_mean", "running_var"), strict=True):
+        values = [[f["layers"].get(layer, {}).get(statistic, math.nan) for layer in layers] for f in figures]
+        positive = [v for row in values for v in row if math.isfinite(v) and v > 0]
+        floor = min([tolerance * 1e-4, *positive])
+        for k, (pair, row) in enumerate(zip(pairs, values, strict=True)):
+            shown = [max(v, floor) if math.isfinite(v) else 0.0 for v in row]  # 0 (bitwise equal) at the floor
+            ax.barh(y + (k - (len(pairs) - 1) / 2) * height, shown, height=height, label=pair,
+                    color=["#6f42c1", "#d4a72c", "#0a7f8c"][k % 3])
+        ax.axvline(tolerance, color="red", lw=1.5, label=f"tolerance {tolerance:.0e}")
+        ax.set(xscale="log", xlabel="max |a - b| / max |value|", title=f"{model}: {statistic.replace('_', ' ')}")
+        ax.grid(axis="x", alpha=0.3, which="both")
+    axes[0].set_yticks(y, layers)
+    axes[0].invert_yaxis()
+    axes[1].legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    return data_uri(fig)

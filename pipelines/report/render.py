@@ -83,6 +83,11 @@ def _figure(uri: str | None, alt: str) -> list[tuple[str, str]]:
     return [(uri, alt)] if uri else []
 
 
+def _present(table: tables.Table | None) -> list[tables.Table]:
+    """A table a model may lack (running statistics without BatchNorm, recurrent forms without a recurrent layer)."""
+    return [table] if table is not None else []
+
+
 def measured_versions(inputs: Inputs) -> dict[str, dict[str, str]]:
     """Per framework, the package versions its train_export stage recorded in export.json (what ran, as
     installed): the first model's record that has them, in the spec's order."""
@@ -99,6 +104,7 @@ def sections(inputs: Inputs, variant: str) -> list[Section]:
     logs = {m: {fw: inputs.run(m, fw).train_log for fw in inputs.frameworks} for m in models}
     matrices = {m: analysis.forward_parity(inputs, m) for m in models}
     ops = {m: analysis.op_table(inputs, m) for m in models}
+    statistics = {m: analysis.running_statistics(inputs, m) for m in models}
     measured = measured_versions(inputs)
     return [
         Section(
@@ -125,12 +131,17 @@ def sections(inputs: Inputs, variant: str) -> list[Section]:
             "Forward parity: each framework's init.onnx (the shared initial weights) under ONNX Runtime, pairwise "
             "and against the float64 numpy reference, max abs difference over several batch sizes. Training "
             "parity: the same training run in each framework, compared pair by pair; each figure with the "
-            "tolerance it was judged against (params.yaml tolerances).",
+            "tolerance it was judged against (params.yaml tolerances). Models with BatchNorm: its running mean "
+            "and variance after training, pair by pair, from the trained canonical weights.",
             [
                 Group(
                     m,
-                    [tables.forward_parity(matrices[m]), tables.training_parity(inputs, m)],
-                    _figure(figures.parity_heatmap(m, matrices[m]), f"{m} forward parity heat map"),
+                    [tables.forward_parity(matrices[m]), tables.training_parity(inputs, m),
+                     *_present(tables.running_statistics(inputs, m))],
+                    _figure(figures.parity_heatmap(m, matrices[m]), f"{m} forward parity heat map")
+                    + _figure(figures.running_statistics(m, statistics[m],
+                                                         analysis.trained_tolerances(inputs, m).running_stats_rel),
+                              f"{m} BatchNorm running statistics after training"),
                 )
                 for m in models
             ],
@@ -138,11 +149,14 @@ def sections(inputs: Inputs, variant: str) -> list[Section]:
         Section(
             "onnx",
             "ONNX files",
-            "What torch.onnx, tf2onnx and jax2onnx each emit for the same model.",
+            "What torch.onnx, tf2onnx and jax2onnx each emit for the same model: the files, the form a recurrent "
+            "layer took (its own op, a loop, or unrolled), the op types, and whether every export (ONNX and "
+            "native) runs in inference mode.",
             [
                 Group(
                     m,
-                    [tables.onnx_files(inputs, m), tables.op_types(inputs, m)],
+                    [tables.onnx_files(inputs, m), *_present(tables.recurrent_forms(inputs, m)),
+                     tables.op_types(inputs, m), tables.inference_mode(inputs, m)],
                     _figure(
                         figures.op_histogram(m, ops[m][0], ops[m][1], inputs.frameworks), f"{m} op type histogram"
                     ),

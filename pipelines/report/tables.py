@@ -162,13 +162,74 @@ def training_parity(inputs: Inputs, model: str) -> Table:
     for fig in analysis.training_parity(inputs, model):
         cells = [text(fig["pair"])]
         for key, *_ in analysis.TRAINING_FIGURES:
-            c: analysis.Cell = fig["cells"][key]
-            mark = " ✓" if c.passed is True else (" ✗" if c.passed is False else "")
-            sub = f"tol {fmt(c.tolerance)}{mark}" if c.tolerance is not None else ""
-            cells.append(cell(c.value, "sci", sub=sub, failed=c.passed is False))
+            cells.append(_judged(fig["cells"][key]))
         rows.append(Row(cells))
     columns = _columns("pair", *(label for _, label, _, _ in analysis.TRAINING_FIGURES))
-    return Table("Training parity", columns, rows, empty="No training-parity figures.")
+    reason = analysis.override_reason(inputs, model)
+    note = f"Weaker bounds for {model}'s trained runs (params.yaml tolerances.models): {reason}" if reason else ""
+    return Table("Training parity", columns, rows, note=note, empty="No training-parity figures.")
+
+
+def _judged(c: analysis.Cell) -> Cell:
+    """A figure with the tolerance it was judged against and the verdict, as the training-parity table shows it."""
+    mark = " ✓" if c.passed is True else (" ✗" if c.passed is False else "")
+    sub = f"tol {fmt(c.tolerance)}{mark}" if c.tolerance is not None else ""
+    return cell(c.value, "sci", sub=sub, failed=c.passed is False)
+
+
+def running_statistics(inputs: Inputs, model: str) -> Table | None:
+    """BatchNorm running statistics after training, pairwise (None for a model without BatchNorm)."""
+    figures = analysis.running_statistics(inputs, model)
+    if not figures:
+        return None
+    rows = []
+    for fig in figures:
+        worst = {s: max(fig["layers"], key=lambda layer, s=s: fig["layers"][layer].get(s, -1.0), default="")
+                 for s in analysis.STATISTICS}
+        rows.append(Row([text(fig["pair"]), *(_judged(fig["cells"][s]) for s in analysis.STATISTICS),
+                         text(", ".join(f"{s}: {worst[s]}" for s in analysis.STATISTICS if worst[s]), mono=True)]))
+    columns = _columns("pair", "running mean, max rel", "running variance, max rel", "worst layer", left=(0, 3))
+    note = ("From each framework's trained canonical weights (trained.safetensors): per BatchNorm layer, max |a - b| "
+            "of the statistic over its largest magnitude; the worst layer is judged.")
+    if reason := analysis.override_reason(inputs, model):
+        note += f" Weaker bounds for {model}'s trained runs (params.yaml tolerances.models): {reason}"
+    return Table("BatchNorm running statistics after training", columns, rows, note=note)
+
+
+def recurrent_forms(inputs: Inputs, model: str) -> Table | None:
+    """Which form the recurrent layer took in each ONNX file (None for a model without one)."""
+    forms = analysis.recurrent_forms(inputs, model)
+    if not forms:
+        return None
+    rows = [Row([text(f.framework), text(f.file, mono=True), text(f.form), text(f.evidence, mono=True)])
+            for f in forms]
+    columns = _columns("framework", "file", "recurrent layer", "from the op histogram", left=(0, 1, 2, 3))
+    whole = ", ".join(sorted(analysis.RECURRENT_OPS.values()))
+    note = (f"A recurrent layer leaves an exporter as its own op ({whole}), as a loop (Loop or Scan, one step per "
+            "iteration) or unrolled (one copy of the step per image row).")
+    return Table("Recurrent layer in ONNX", columns, rows, note=note)
+
+
+def inference_mode(inputs: Inputs, model: str) -> Table:
+    rows = [
+        Row(
+            [
+                text(r["framework"]),
+                text(r["check"].removeprefix(analysis.INFERENCE_PREFIX), mono=True),
+                cell(r.get("max_abs_err"), "sci"),
+                cell(r.get("tolerance")),
+                text("yes" if r.get("passed") else "NO", failed=not r.get("passed")),
+                text(r.get("detail", "")),
+            ],
+            failed=not r.get("passed"),
+        )
+        for r in analysis.inference_mode(inputs, model)
+    ]
+    columns = _columns("framework", "export", "largest change", "tolerance", "passed", "detail", left=(0, 1, 4, 5))
+    note = ("Each export run twice on the validation batch and its first images alone (ONNX files under ONNX "
+            "Runtime; native formats from the logits their reload recorded): an export in inference mode gives an "
+            "image the same logits every time (no dropout, no batch statistics).")
+    return Table("Inference mode of every export", columns, rows, note=note, empty="No inference-mode checks.")
 
 
 def onnx_files(inputs: Inputs, model: str) -> Table:

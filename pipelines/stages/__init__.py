@@ -3,12 +3,18 @@ outputs atomically, so a failed stage leaves nothing half-written behind."""
 
 from __future__ import annotations
 
-import argparse
-import sys
-from collections.abc import Callable
+import time
 
-from rosetta_common.errors import RosettaError
-from rosetta_common.spec import Spec, SpecError
+# When the first stage module began importing: the interpreter's own start lies before it, our imports after it
+# (pipelines.measurements.StageClock reports both).
+IMPORTS_STARTED = time.time()
+
+import argparse  # noqa: E402  (after the timestamp, which must come first)
+import sys  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+
+from rosetta_common.errors import RosettaError  # noqa: E402
+from rosetta_common.spec import Spec, SpecError  # noqa: E402
 
 
 class StageError(RosettaError):
@@ -36,17 +42,18 @@ def check_model(spec: Spec, model: str) -> None:
         )
 
 
-def framework_stage_args(argv: list[str], doc: str) -> tuple[str, str, Spec]:
-    """Parse `<framework> <model>` for a per-framework stage and load params.yaml, which is validated
-    (models included) before the stage writes anything."""
+def framework_stage_args(argv: list[str], doc: str) -> tuple[str, list[str], Spec]:
+    """Parse `<framework> [<model> ...]` for a per-framework stage (no model: every model in params.yaml, in its
+    order) and load params.yaml, which is validated (models included) before the stage writes anything."""
     from pipelines import paths
     from rosetta_common.interface import BACKEND_MODULES
     from rosetta_common.spec import load_spec
 
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("framework", choices=list(BACKEND_MODULES))
-    parser.add_argument("model")
+    parser.add_argument("models", nargs="*", metavar="model", help="default: every model in params.yaml")
     args = parser.parse_args(argv)
     spec = load_spec(paths.PARAMS)
-    check_model(spec, args.model)
-    return args.framework, args.model, spec
+    for model in args.models:
+        check_model(spec, model)
+    return args.framework, list(dict.fromkeys(args.models)) or list(spec.models), spec

@@ -3,11 +3,11 @@
 `dvc metrics show`) and plots/ (loss curves, one CSV per model, for `dvc plots show`).
 
 Runs in the orchestrator environment and reads files only: no framework, no ONNX Runtime, and never
-measurements/ (timings: not lineage, no dependency of this stage). Everything it writes is a pure function of its
-inputs, byte for byte; report.html shows the measurements of this run by loading ../../measurements/timings.js in
-the browser. A failed check does not fail this stage (the validate stage does that); the report says which
-failed and by how much. After a failed validate, `dvc repro --single-item report` (or
-`python -m pipelines.stages.report`) reports it.
+measurements/ (timings: not lineage, no dependency of this stage; it only writes its own timing record there).
+Everything it writes is a pure function of its inputs, byte for byte; report.html shows the measurements of this
+run by loading ../../measurements/timings.js in the browser. A failed check does not fail this stage (the
+validate stage does that); the report says which failed and by how much. After a failed validate,
+`dvc repro --single-item report` (or `python -m pipelines.stages.report`) reports it.
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ import argparse
 import os
 from pathlib import Path
 
-from pipelines import paths
+from pipelines import measurements, paths
 from pipelines.report import dvc_files
 from pipelines.report.analysis import Verdict, verdict
 from pipelines.report.collect import collect
 from pipelines.report.render import context, render
-from pipelines.stages import stage_main
+from pipelines.stages import IMPORTS_STARTED, stage_main
 from rosetta_common.io import dumps, staged_outputs
 
 
@@ -49,12 +49,15 @@ def build(root: Path, out: Path | None = None, variant: str = "cpu") -> Verdict:
 
 
 def main(argv: list[str]) -> int:
+    clock = measurements.StageClock("report", IMPORTS_STARTED)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", type=Path, default=Path.cwd(), help="repository root holding the artifacts")
     parser.add_argument("--out", type=Path, default=None, help=f"output folder (default: <root>/{paths.REPORT})")
     args = parser.parse_args(argv)
     out = args.out or args.root / paths.REPORT
     judged = build(args.root, out, os.environ.get("ROSETTA_VARIANT", "cpu"))
+    clock.lap("build")
+    measurements.write_stage(clock.record(), args.root / measurements.ROOT)
     print(f"report: {out}/ (report.html, report.md, summary/, plots/): {judged.headline}")
     return 0
 

@@ -1,11 +1,17 @@
-"""Stage `train_export@<framework>-<model>`: one process of that framework's environment trains the model from
-the shared init, exports it (native formats, ONNX, the framework's own logits) and measures its latency.
+"""Stage `train_export@<framework>`: one process of that framework's environment trains every model of
+params.yaml's `models` from its shared init, exports each (native formats, ONNX, the framework's own logits) and
+measures its latency.
 
-One process rather than three (train, export, bench) because starting an interpreter and importing a framework
-costs 4-8 s, far more than training or exporting these models. Everything the stage makes is built in scratch
-space and published as one folder, `artifacts/<model>/<framework>/`, only after every check passed: a failure
-or a kill leaves the previous folder as it was. Timings go to `measurements/` (not lineage, see
-pipelines/measurements.py).
+    python -m pipelines.stages.train_export <framework> [<model> ...]   (no model: every model in params.yaml)
+
+One process per framework rather than per model: starting an interpreter and importing a framework (and its
+ONNX exporter, and the first compiles) costs seconds, far more than training or exporting most of these models,
+and each model paid it again. Every input is read and checked before the framework is imported. Each model's
+run folder, `artifacts/<framework>/<model>/`, is built in scratch space and published at once, only after every
+check passed: a failure or a kill leaves it as it was (models published before stay published; under DVC the
+whole output folder is removed before the stage runs, so the next `dvc repro` runs it again). Timings go to
+`measurements/` (not lineage, see pipelines/measurements.py), per model and for the stage as a whole (its start-up
+breakdown).
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import json
 import os
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -23,16 +30,26 @@ import numpy as np
 from benchmarks import latency
 from pipelines import measurements, paths
 from pipelines.environments import ENVIRONMENTS, installed_versions
-from pipelines.stages import framework_stage_args, stage_main
+from pipelines.stages import IMPORTS_STARTED, framework_stage_args, stage_main
 from pipelines.stages.backend import load_backend, model_config
 from rosetta_common.data import Dataset, load_prepared
 from rosetta_common.errors import TrainingError
 from rosetta_common.interface import TrainResult
 from rosetta_common.io import sha256, staged_outputs, write_json
 from rosetta_common.metrics import accuracy, max_abs_diff, softmax_cross_entropy
-from rosetta_common.spec import ModelConfig
+from rosetta_common.spec import ModelConfig, Spec
 from rosetta_common.training import TrainPlan, plan
-from rosetta_common.weights import check_weights, count_parameters, load_weights, save_weights
+from rosetta_common.weights import Weights, check_weights, count_parameters, load_weights, save_weights
+
+
+@dataclass(frozen=True)
+class Job:
+    """One model to train and export, its inputs read and checked."""
+
+    arch: str
+    config: ModelConfig
+    init: Weights
+    plan: TrainPlan
 
 
 def check_training(result: TrainResult, train_plan: TrainPlan, where: str) -> None:
@@ -48,17 +65,16 @@ def check_training(result: TrainResult, train_plan: TrainPlan, where: str) -> No
         )
 
 
-def train(backend: ModuleType, config: ModelConfig, init: dict, train_plan: TrainPlan, data: Dataset, out: Path,
-          where: str) -> tuple[Any, TrainResult]:
-    model = backend.build(config, init)
-    result = backend.train(model, train_plan, data)
-    check_training(result, train_plan, where)
+def train(backend: ModuleType, job: Job, data: Dataset, out: Path, where: str) -> tuple[Any, TrainResult]:
+    model = backend.build(job.config, job.init)
+    result = backend.train(model, job.plan, data)
+    check_training(result, job.plan, where)
     trained = backend.to_canonical(model)
-    check_weights(trained, config, f"{where}: trained weights")  # names, shapes, all finite
+    check_weights(trained, job.config, f"{where}: trained weights")  # names, shapes, all finite
     test_logits = backend.predict(model, data.test_images)
-    save_weights(out / "trained.safetensors", trained, config.arch, framework=backend.FRAMEWORK)
+    save_weights(out / "trained.safetensors", trained, job.arch, framework=backend.FRAMEWORK)
     write_json(out / "train_log.json", {
-        "framework": backend.FRAMEWORK, "model": config.arch, **train_plan.describe(),
+        "framework": backend.FRAMEWORK, "model": job.arch, **job.plan.describe(),
         "step_losses": result.step_losses, "epoch_losses": result.epoch_losses,
     })
     write_json(out / "metrics.json", {
@@ -66,42 +82,56 @@ def train(backend: ModuleType, config: ModelConfig, init: dict, train_plan: Trai
         "test_loss": softmax_cross_entropy(test_logits, data.test_labels),
         "final_train_loss": result.epoch_losses[-1],
         "parameters": count_parameters(trained),
-        "epochs": train_plan.epochs,
-        "optimizer": train_plan.optimizer_name,
+        "epochs": job.plan.epochs,
+        "optimizer": job.plan.optimizer_name,
     })
     return model, result
 
 
-def export(backend: ModuleType, config: ModelConfig, init: dict, model: Any, data: Dataset, batch: np.ndarray,
-           out: Path) -> dict[str, float]:
-    """Native formats, model.onnx, init.onnx (the untrained model: the forward-parity witness), the framework's own
-    logits, and export.json tying every figure to the sha256 of the files it was measured on."""
-    initial = backend.build(config, init)
-    backend.export_onnx(initial, out / "init.onnx", batch)
-    started = time.perf_counter()
-    backend.export_native(model, out / "native", batch)
-    native_seconds = time.perf_counter() - started
-    started = time.perf_counter()
-    backend.export_onnx(model, out / "model.onnx", batch)
-    onnx_seconds = time.perf_counter() - started
+def export(backend: ModuleType, job: Job, model: Any, batch: np.ndarray, out: Path,
+           clock: measurements.StageClock) -> tuple[Any, dict[str, float]]:
+    """Native formats, model.onnx, and init.onnx (the untrained model: the forward-parity witness). Returns the
+    untrained model and the export timings."""
+    initial = backend.build(job.config, job.init)
+    with clock.phase(f"{job.arch}.export_native"):
+        backend.export_native(model, out / "native", batch)
+    with clock.phase(f"{job.arch}.export_onnx"):
+        backend.export_onnx(initial, out / "init.onnx", batch)
+        started = time.perf_counter()
+        backend.export_onnx(model, out / "model.onnx", batch)
+    return initial, {"native_export_seconds": clock.phases[f"{job.arch}.export_native"],
+                     "onnx_export_seconds": time.perf_counter() - started}
+
+
+def record_outputs(backend: ModuleType, job: Job, model: Any, initial: Any, data: Dataset, batch: np.ndarray,
+                   out: Path) -> None:
+    """The framework's own logits, each reloaded native format's (round trip, and its inference-mode record: the
+    validator has no framework, so it judges native exports from these), and export.json tying every figure to
+    the sha256 of the files it was measured on."""
     logits = backend.predict(model, batch)
+    arrays = {"validation_logits": logits, "init_validation_logits": backend.predict(initial, batch),
+              "test_logits": backend.predict(model, data.test_images)}
+    roundtrip = {}
+    for fmt, predict in backend.load_native(out / "native").items():
+        runs = np.stack([predict(batch), predict(batch)])
+        runs_key, alone_key = paths.native_inference_keys(fmt)
+        arrays[runs_key] = runs
+        alone = range(min(paths.NATIVE_ALONE, len(batch)))
+        arrays[alone_key] = np.concatenate([predict(batch[i:i + 1]) for i in alone])
+        # Every reloaded native format must reproduce the in-memory model; the validator cannot load them, so it
+        # re-hashes the files these figures were measured on.
+        roundtrip[fmt] = max_abs_diff(runs[0], logits)
     with open(out / "native_outputs.npz", "wb") as f:
-        np.savez(f, validation_logits=logits, init_validation_logits=backend.predict(initial, batch),
-                 test_logits=backend.predict(model, data.test_images))
-    # Every reloaded native format must reproduce the in-memory model; the validator cannot load them (it has
-    # no framework), so it re-hashes the files these figures were measured on.
-    roundtrip = {name: max_abs_diff(predict(batch), logits)
-                 for name, predict in backend.load_native(out / "native").items()}
+        np.savez(f, **arrays)
     write_json(out / "export.json", {
         "framework": backend.FRAMEWORK,
-        "model": config.arch,
+        "model": job.arch,
         "native_roundtrip_max_abs": roundtrip,
         "sha256": {str(p.relative_to(out)): sha256(p) for p in sorted(out.rglob("*"))
                    if p.is_file() and not paths.unhashed(p.relative_to(out))},
         "versions": installed_versions([*ENVIRONMENTS[backend.FRAMEWORK].distributions, "onnx", "onnxruntime",
                                         "numpy"]),
     })
-    return {"native_export_seconds": native_seconds, "onnx_export_seconds": onnx_seconds}
 
 
 def measure_latency(backend: ModuleType, model: Any, onnx_path: Path, images: np.ndarray) -> dict[str, Any]:
@@ -114,37 +144,59 @@ def measure_latency(backend: ModuleType, model: Any, onnx_path: Path, images: np
             "settings": latency.settings_dict(settings), "environment": latency.environment(threads, ort_threads)}
 
 
-def main(argv: list[str]) -> int:
-    started = time.perf_counter()
-    fw, arch, spec = framework_stage_args(argv, __doc__)
-    where = f"train_export@{fw}-{arch}"
-    # Every input is checked where it enters, before anything is built or written.
-    data = load_prepared(paths.PREPARED)
-    config = model_config(spec, arch, data)
-    init = load_weights(paths.init_weights(arch), config)
-    train_plan = plan(spec, arch, len(data.train_labels))
-    backend = load_backend(fw, spec.seed)
-    ready = time.perf_counter()
-
+def run_model(backend: ModuleType, spec: Spec, job: Job, data: Dataset, clock: measurements.StageClock) -> None:
+    """Train, export and publish one model's run folder, then measure its latency (measurements/)."""
+    fw, arch = backend.FRAMEWORK, job.arch
+    where = f"train_export@{fw} {arch}"
+    started = time.time()
+    # Seeded again for each model, so that no random state carries over from the models trained before it. torch
+    # and jax then give a model's folder byte for byte as a single-model run does (measured). TF does not: its
+    # SavedModel and tf2onnx files name traced functions by a process-wide counter (__inference_serve_2642), so
+    # their bytes depend on what the process traced before: the same for every run of the whole stage (the
+    # lineage is stable), but a single-model run's TF files differ in those names.
+    backend.configure(spec.seed)
+    batch = data.validation_batch(spec.export.validation_batch_size)
     with staged_outputs(paths.run_dir(arch, fw)) as out:
-        model, result = train(backend, config, init, train_plan, data, out, where)
-        exported = export(backend, config, init, model, data, data.validation_batch(spec.export.validation_batch_size),
-                          out)
-    figures = json.loads((paths.run_dir(arch, fw) / "metrics.json").read_text())
-
+        with clock.phase(f"{arch}.train"):
+            model, result = train(backend, job, data, out, where)
+        initial, exported = export(backend, job, model, batch, out, clock)
+        with clock.phase(f"{arch}.outputs"):
+            record_outputs(backend, job, model, initial, data, batch, out)
+    figures = json.loads(paths.metrics(arch, fw).read_text())
+    with clock.phase(f"{arch}.latency"):
+        measured_latency = measure_latency(backend, model, paths.onnx_model(arch, fw), data.test_images)
     steady = result.epoch_seconds[1:] or result.epoch_seconds  # the first epoch holds compilation
-    samples = train_plan.steps_per_epoch * train_plan.batch_size
+    samples = job.plan.steps_per_epoch * job.plan.batch_size
     measurements.write(arch, fw, {
-        "framework": fw, "model": arch,
-        "startup_seconds": ready - started,
+        "framework": fw, "model": arch, "stage": f"train_export@{fw}",
         "train": {"train_seconds": result.train_seconds, "epoch_seconds": result.epoch_seconds,
                   "steady_samples_per_second": samples / statistics.median(steady) if steady else None},
         "export": exported,
-        "latency": measure_latency(backend, model, paths.onnx_model(arch, fw), data.test_images),
-        "stage_seconds": time.perf_counter() - started,
+        "latency": measured_latency,
+        "model_seconds": time.time() - started,
     })
     print(f"train_export: {fw}/{arch} test_accuracy={figures['test_accuracy']:.4f} "
-          f"test_loss={figures['test_loss']:.5f} (trained in {result.train_seconds:.1f}s) -> {paths.run_dir(arch, fw)}")
+          f"test_loss={figures['test_loss']:.5f} (trained in {result.train_seconds:.1f}s) -> {paths.run_dir(arch, fw)}",
+          flush=True)
+
+
+def main(argv: list[str]) -> int:
+    clock = measurements.StageClock("train_export", IMPORTS_STARTED)
+    fw, models, spec = framework_stage_args(argv, __doc__)
+    clock.stage = f"train_export@{fw}"
+    # Every input of every model is checked where it enters, before the framework is imported or anything written.
+    data = load_prepared(paths.PREPARED)
+    jobs = []
+    for arch in models:
+        config = model_config(spec, arch, data)
+        jobs.append(Job(arch, config, load_weights(paths.init_weights(arch), config),
+                        plan(spec, arch, len(data.train_labels))))
+    clock.lap("inputs")
+    backend = load_backend(fw, spec.seed)
+    clock.lap("framework_import")
+    for job in jobs:
+        run_model(backend, spec, job, data, clock)
+    measurements.write_stage(clock.record(models=models))
     return 0
 
 

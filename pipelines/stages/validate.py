@@ -3,11 +3,14 @@
 Checks, each with an explicit tolerance from params.yaml:
 - per framework and model: onnx.checker on model.onnx and init.onnx; ONNX Runtime vs the framework's own
   logits (trained and init); ONNX Runtime's test accuracy equals the native one; native reload round trip;
-  minimum test accuracy;
+  minimum test accuracy; inference mode of every export (rosetta_common.metrics.inference_mode_problems): each
+  ONNX file run here, each native format from the logits its reload recorded in native_outputs.npz (two runs
+  on the validation batch, its first images alone);
 - per model: the float64 numpy reference forward vs every init.onnx; every pair of frameworks' init.onnx
   on random inputs at several batch sizes (forward parity);
 - per model and pair of frameworks: training parity (step-1 loss, first-epoch losses, test loss, test
-  accuracy), plus the final weight difference as a figure.
+  accuracy), plus the final weight difference as a figure; for a model with BatchNorm, its running mean and
+  variance after training, from the trained canonical files (figure `running_statistics`).
 Writes reports/validation.json and exits non-zero naming each failing check.
 """
 
@@ -23,18 +26,25 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from pipelines import paths
-from pipelines.stages import StageError, stage_main
+from pipelines import measurements, paths
+from pipelines.stages import IMPORTS_STARTED, StageError, stage_main
 from rosetta_common.data import load_prepared
 from rosetta_common.errors import RosettaError
+from rosetta_common.interface import Predict
 from rosetta_common.io import read_json, sha256, write_json
-from rosetta_common.metrics import accuracy, max_abs_diff, relative_diff, softmax_cross_entropy
+from rosetta_common.metrics import (
+    accuracy,
+    inference_mode_problems,
+    max_abs_diff,
+    relative_diff,
+    softmax_cross_entropy,
+)
 from rosetta_common.onnx_conventions import violations
 from rosetta_common.reference import forward
 from rosetta_common.seeding import derive_seed
 from rosetta_common.spec import ModelConfig, Spec, TolerancesSpec, load_spec
 from rosetta_common.training import plan
-from rosetta_common.weights import load_weights
+from rosetta_common.weights import Weights, is_statistic, load_weights
 
 
 class Checks:
@@ -105,6 +115,65 @@ def run_onnx(session: ort.InferenceSession, images: np.ndarray) -> np.ndarray:
     return session.run(None, {name: images.astype(np.float32)})[0]
 
 
+class Spread:
+    """A predict function that remembers the first logits it gave each image (by its bytes) and the largest change
+    of an image's logits in any later call: the figure behind inference_mode_problems' verdict (two runs on the
+    same images, an image alone vs in its batch)."""
+
+    def __init__(self, predict: Predict) -> None:
+        self.predict = predict
+        self.first: dict[bytes, np.ndarray] = {}
+        self.value = 0.0
+
+    def __call__(self, images: np.ndarray) -> np.ndarray:
+        out = self.predict(images)
+        new: dict[bytes, np.ndarray] = {}
+        for image, logits in zip(images, out, strict=True):
+            key = image.tobytes()
+            if key in self.first:
+                self.value = max(self.value, max_abs_diff(logits, self.first[key]))
+            else:
+                new.setdefault(key, logits)  # a duplicate within one call is no second run
+        self.first.update(new)
+        return out
+
+
+def replay(runs: np.ndarray, alone: np.ndarray, batch: np.ndarray, where: str) -> Predict:
+    """The logits a native export recorded, played back as a predict function: the validation batch gets its
+    recorded runs in order, one of its first images alone gets its alone logits; anything else is a StageError
+    (the record lacks what the check asks for)."""
+    calls = iter(runs)
+
+    def predict(images: np.ndarray) -> np.ndarray:
+        if images.shape == batch.shape and np.array_equal(images, batch):
+            found = next(calls, None)
+            if found is not None:
+                return found
+            raise StageError(f"{where}: records {len(runs)} runs on the validation batch, the check needs more")
+        if len(images) == 1:
+            for i in range(len(alone)):
+                if np.array_equal(images[0], batch[i]):
+                    return alone[i : i + 1]
+        raise StageError(f"{where}: records no logits for {len(images)} such images (shape {images.shape})")
+
+    return predict
+
+
+def inference_mode(checks: Checks, tol: TolerancesSpec, arch: str, fw: str, check: str, predict: Predict,
+                   batch: np.ndarray) -> None:
+    """One export's inference-mode check: rosetta_common.metrics.inference_mode_problems decides (dropout active:
+    two runs differ; batch statistics: an image's logits change with its batch), the row's value is the largest
+    such change it saw (Spread), judged against tolerances.inference_mode_abs."""
+    spread = Spread(predict)
+    try:
+        problems = inference_mode_problems(spread, batch, tol.inference_mode_abs)
+    except StageError as error:
+        checks.add(arch, fw, check, None, tol.inference_mode_abs, False, str(error))
+        return
+    checks.add(arch, fw, check, spread.value, tol.inference_mode_abs, not problems,
+               "; ".join(problems) or "within tolerance: no dropout, no batch statistics seen")
+
+
 REQUIRED = ("trained.safetensors", "train_log.json", "native_outputs.npz", "model.onnx", "init.onnx", "export.json")
 
 
@@ -168,6 +237,9 @@ def check_framework(spec: Spec, checks: Checks, arch: str, fw: str, data: Any, b
             onnx_tolerance(tol, expected),
             detail=f"max |logit| {np.abs(expected).max():.3g}",
         )
+        session = sessions[kind]
+        inference_mode(checks, tol, arch, fw, f"inference_mode_onnx_{kind}", lambda x, s=session: run_onnx(s, x),
+                       batch)
     test_logits = native["test_logits"]
     figures = {"test_accuracy": accuracy(test_logits, data.test_labels),
                "test_loss": softmax_cross_entropy(test_logits, data.test_labels)}
@@ -184,6 +256,14 @@ def check_framework(spec: Spec, checks: Checks, arch: str, fw: str, data: Any, b
         )
     for fmt, err in record["native_roundtrip_max_abs"].items():
         checks.add(arch, fw, f"native_roundtrip_{fmt}", err, tol.native_roundtrip_abs)
+        runs_key, alone_key = paths.native_inference_keys(fmt)
+        where = f"{paths.native_outputs(arch, fw)}: {fmt}"
+        if runs_key in native and alone_key in native:
+            predict = replay(native[runs_key], native[alone_key], batch, where)
+            inference_mode(checks, tol, arch, fw, f"inference_mode_native_{fmt}", predict, batch)
+        else:
+            checks.add(arch, fw, f"inference_mode_native_{fmt}", None, tol.inference_mode_abs, False,
+                       f"{where}: no inference-mode record ({runs_key}, {alone_key})")
     minimum = spec.quality.min_test_accuracy[arch]  # the spec requires a floor for every model
     checks.add(
         arch,
@@ -232,8 +312,10 @@ def forward_parity(
 
 
 def training_parity(spec: Spec, checks: Checks, arch: str, runs: dict[str, dict[str, Any]], data: Any,
-                    config: ModelConfig) -> list[dict[str, Any]]:
-    tol = spec.tolerances
+                    config: ModelConfig) -> tuple[list[dict[str, Any]], dict[str, Weights]]:
+    """Pairwise training figures and checks; also returns each framework's trained canonical weights (read here
+    once, for running_statistics)."""
+    tol = spec.tolerances.for_model(arch)  # a model's documented overrides (params.yaml tolerances.models)
     train_plan = plan(spec, arch, len(data.train_labels))
     logs, weights = {}, {}
     for fw in runs:
@@ -265,15 +347,49 @@ def training_parity(spec: Spec, checks: Checks, arch: str, runs: dict[str, dict[
         checks.add(arch, pair, "train_first_epoch_loss_rel", fig["first_epoch_loss_max_rel"], tol.first_epoch_loss_rel)
         checks.add(arch, pair, "test_loss_rel", fig["test_loss_rel"], tol.test_loss_rel)
         checks.add(arch, pair, "test_accuracy_points", fig["test_accuracy_diff_points"], tol.test_accuracy_points)
+    return figures, weights
+
+
+def statistic_rel(a: np.ndarray, b: np.ndarray) -> float:
+    """max |a - b| over the tensor's largest magnitude: a running mean near 0 in one channel does not blow the
+    figure up, and a variance of 40 is judged at its own scale."""
+    scale = max(float(np.abs(a).max()), float(np.abs(b).max()))
+    return max_abs_diff(a, b) / scale if scale > 0 else 0.0
+
+
+def running_statistics(spec: Spec, checks: Checks, arch: str, weights: dict[str, Weights]) -> list[dict[str, Any]]:
+    """BatchNorm running mean and variance after training, pairwise, from each framework's trained canonical file
+    (rosetta_common.weights.is_statistic names them): one figure per pair with each layer's, and a check per
+    statistic (its worst layer). Nothing for a model without BatchNorm."""
+    tol = spec.tolerances.for_model(arch).running_stats_rel
+    figures = []
+    for a, b in itertools.combinations(weights, 2):
+        names = [n for n in weights[a] if is_statistic(n)]
+        if not names:
+            break
+        layers: dict[str, dict[str, float]] = {}
+        for name in names:
+            layer, statistic = name.rsplit(".", 1)
+            layers.setdefault(layer, {})[statistic] = statistic_rel(weights[a][name], weights[b][name])
+        fig: dict[str, Any] = {"model": arch, "frameworks": f"{a}|{b}"}
+        for statistic in ("running_mean", "running_var"):
+            worst = max(layers, key=lambda layer, s=statistic: layers[layer].get(s, -1.0))
+            fig[f"{statistic}_max_rel"] = layers[worst][statistic]
+            checks.add(arch, f"{a}|{b}", f"{statistic}_rel", layers[worst][statistic], tol,
+                       detail=f"worst layer {worst}")
+        figures.append({**fig, "layers": layers})
     return figures
 
 
 def main(argv: list[str]) -> int:
+    clock = measurements.StageClock("validate", IMPORTS_STARTED)
     spec = load_spec(paths.PARAMS)
     data = load_prepared(paths.PREPARED)
+    clock.lap("inputs")
     batch = data.validation_batch(spec.export.validation_batch_size)
     checks = Checks()
     parity: list[dict[str, Any]] = []
+    statistics: list[dict[str, Any]] = []
     measured: list[dict[str, Any]] = []  # test figures this stage computed from each run's artifacts
     for arch in spec.models:
         config = ModelConfig.of(spec, arch, data.image_shape, data.num_classes)
@@ -289,16 +405,21 @@ def main(argv: list[str]) -> int:
         measured += [{"model": arch, "framework": fw, "test_accuracy": run["test_accuracy"],
                       "test_loss": run["test_loss"]} for fw, run in runs.items()]
         forward_parity(spec, checks, arch, runs, batch, config)
-        parity += training_parity(spec, checks, arch, runs, data, config)
+        figures, trained = training_parity(spec, checks, arch, runs, data, config)
+        parity += figures
+        statistics += running_statistics(spec, checks, arch, trained)
+        clock.lap(arch)
     failures = checks.failures()
     report = {
         "passed": not failures,
         "checks": checks.rows,
         "training_parity": parity,
+        "running_statistics": statistics,
         "runs": measured,
         "summary": {"checks": len(checks.rows), "failed": len(failures)},
     }
     write_json(paths.VALIDATION, report)
+    measurements.write_stage(clock.record(checks=len(checks.rows), failed=len(failures)))
     for row in failures:
         print(
             f"FAILED {row['model']}/{row['framework']} {row['check']}: value {row['max_abs_err']} "

@@ -67,6 +67,36 @@
       add(tr, "td", fixed(r.native_over_onnx, 2, "x"));
     });
   });
+  // Where each stage's wall time went (measurements/stages/<stage>.json): start-up, then its phases.
+  var stages = window.ROSETTA_STAGES || {};
+  var names = Object.keys(stages).sort(function (a, b) {
+    var order = ["data", "init", "train_export", "validate", "report"];
+    var ka = order.indexOf(a.split("@")[0]), kb = order.indexOf(b.split("@")[0]);
+    return ka !== kb ? ka - kb : (a < b ? -1 : (a > b ? 1 : 0));
+  });
+  if (names.length) {
+    add(box, "h4", "Wall time per stage, start-up first (the last run of each stage on this machine)");
+    var st = add(box, "table");
+    st.id = "stages-table";
+    var sh = add(st, "tr");
+    ["stage", "runner", "interpreter", "imports", "framework import", "other phases", "total"].forEach(
+      function (label, i) { add(sh, "th", label, i === 0 ? "l" : ""); });
+    names.forEach(function (name) {
+      var rec = stages[name] || {};
+      var start = rec.startup || {};
+      var phases = rec.phases || {};
+      var framework = phases.framework_import;
+      var rest = Object.keys(phases).filter(function (k) { return k !== "framework_import"; });
+      var tr = add(st, "tr");
+      add(tr, "td", name, "l");
+      add(tr, "td", fixed(start.runner_seconds, 2, " s"));
+      add(tr, "td", fixed(start.interpreter_seconds, 2, " s"));
+      add(tr, "td", fixed(start.imports_seconds, 2, " s"));
+      add(tr, "td", fixed(framework, 2, " s"));
+      add(tr, "td", rest.map(function (k) { return k + " " + fixed(phases[k], 2, " s"); }).join(", "), "l");
+      add(tr, "td", fixed(rec.total_seconds, 2, " s"));
+    });
+  }
   var first = null;
   runs.forEach(function (run) { first = first || all[run[0] + "/" + run[1]]; });
   var env = (first && first.latency && first.latency.environment) || {};

@@ -160,7 +160,7 @@ def _known_models(rate: Any) -> Any:
 
 class AdamSpec(_Section):
     learning_rate: Annotated[LearningRate, BeforeValidator(_known_models)] = {
-        "mlp": 3e-3, "cnn": 3e-3, "attention": 3e-4, "resnet": 3e-3, "lstm": 3e-3, "gru": 3e-3
+        "mlp": 3e-3, "cnn": 3e-3, "attention": 3e-4, "resnet": 1e-3, "lstm": 3e-3, "gru": 3e-3
     }
     beta1: Probability = 0.9
     beta2: Probability = 0.999
@@ -170,7 +170,7 @@ class AdamSpec(_Section):
 
 class SGDSpec(_Section):
     learning_rate: Annotated[LearningRate, BeforeValidator(_known_models)] = {
-        "mlp": 0.05, "cnn": 0.03, "attention": 0.005, "resnet": 0.03, "lstm": 0.05, "gru": 0.05
+        "mlp": 0.05, "cnn": 0.03, "attention": 0.005, "resnet": 0.03, "lstm": 0.1, "gru": 0.05
     }
     momentum: Annotated[float, Field(ge=0, lt=1)] = 0.9
 
@@ -204,6 +204,17 @@ class ExportSpec(_Section):
     parity_batch_sizes: list[PositiveInt] = [1, 7, 64, 1024]
 
 
+class TrainedRunBounds(_Section):
+    """Weaker bounds for one model's trained runs; the figures are still computed and shown."""
+
+    reason: Annotated[str, Field(min_length=10)]
+    step1_loss_rel: PositiveFloat | None = None
+    first_epoch_loss_rel: PositiveFloat | None = None
+    test_loss_rel: PositiveFloat | None = None
+    test_accuracy_points: PositiveFloat | None = None
+    running_stats_rel: PositiveFloat | None = None
+
+
 class TolerancesSpec(_Section):
     # ONNX Runtime vs the framework: |onnx - native| <= abs + rel * max|native| (numpy allclose's form).
     # The relative term is one float32 rounding step or so at the largest logit: trained logits reach ~35,
@@ -216,6 +227,28 @@ class TolerancesSpec(_Section):
     first_epoch_loss_rel: PositiveFloat = 1e-5
     test_loss_rel: PositiveFloat = 1e-3
     test_accuracy_points: PositiveFloat = 0.6
+    # BatchNorm running mean and variance after training, pairwise: max |a - b| of a layer's statistic over its
+    # largest magnitude, worst layer. Measured (resnet, digits): <= 6.3e-7 while the three frameworks' losses agree
+    # (2 epochs; and through epoch 5 of 10); the statistics then follow the weights, so a run whose training
+    # parity departs departs here too (10 epochs: 1.3e-2 to 2.5e-2, beside test_loss_rel 2.7e-3 to 2e-2). The
+    # bound is test_loss_rel's; the mistake this figure is for, torch averaging the unbiased batch variance,
+    # gives 1/(n-1) ~ 2e-3 in the block's BatchNorms (n = 32 images x 4x4 positions): twice the bound.
+    running_stats_rel: PositiveFloat = 1e-3
+    # An export in inference mode gives an image the same logits in every run and whatever its batch; what is
+    # left is float32 rounding between batch sizes (kernels vary with the batch): measured <= 1.4e-5 over every
+    # export of the six models (native jax cnn, 10 epochs). Training mode moves them by far more (dropout on the
+    # logits: 6.5; BatchNorm on batch statistics: 0.29).
+    inference_mode_abs: PositiveFloat = 1e-4
+    # Per-model overrides of the trained-run bounds, for a model whose training amplifies float32 rounding
+    # (each says why, with the measurement; the report shows it beside the figures it judges).
+    models: dict[Architecture, TrainedRunBounds] = {}
+
+    def for_model(self, arch: str) -> TolerancesSpec:
+        """These tolerances with `arch`'s overrides applied."""
+        override = self.models.get(arch)  # type: ignore[call-overload]
+        if override is None:
+            return self
+        return self.model_copy(update=override.model_dump(exclude_none=True, exclude={"reason"}))
 
 
 class Spec(_Section):
