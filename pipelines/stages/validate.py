@@ -254,8 +254,12 @@ def check_framework(spec: Spec, checks: Checks, arch: str, fw: str, data: Any, b
             onnx_acc == figures["test_accuracy"],
             f"onnx {onnx_acc:.4f}, native {figures['test_accuracy']:.4f}",
         )
+    # A reloaded format may be recompiled (jax.export: XLA fuses anew), so a few float32 steps at the largest
+    # logit are allowed, as for ONNX Runtime: abs + rel * max|logit| of the validation batch.
+    roundtrip_bound = tol.native_roundtrip_abs + tol.native_roundtrip_rel * float(
+        np.abs(native["validation_logits"]).max())
     for fmt, err in record["native_roundtrip_max_abs"].items():
-        checks.add(arch, fw, f"native_roundtrip_{fmt}", err, tol.native_roundtrip_abs)
+        checks.add(arch, fw, f"native_roundtrip_{fmt}", err, roundtrip_bound)
         runs_key, alone_key = paths.native_inference_keys(fmt)
         where = f"{paths.native_outputs(arch, fw)}: {fmt}"
         if runs_key in native and alone_key in native:

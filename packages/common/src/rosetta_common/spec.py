@@ -222,6 +222,9 @@ class TolerancesSpec(_Section):
     onnx_vs_native_abs: PositiveFloat = 1e-5
     onnx_vs_native_rel: Annotated[float, Field(ge=0)] = 1e-6
     native_roundtrip_abs: PositiveFloat = 1e-6
+    # plus this times max|logit|: a recompiled reload (jax.export) differs by float32 steps (1.4e-6 measured on a
+    # resnet with logits near 20, where one step is 1.9e-6).
+    native_roundtrip_rel: Annotated[float, Field(ge=0)] = 1e-7
     forward_parity_abs: PositiveFloat = 1e-5
     step1_loss_rel: PositiveFloat = 1e-6
     first_epoch_loss_rel: PositiveFloat = 1e-5
