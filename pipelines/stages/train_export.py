@@ -144,15 +144,26 @@ def measure_latency(backend: ModuleType, model: Any, onnx_path: Path, images: np
             "settings": latency.settings_dict(settings), "environment": latency.environment(threads, ort_threads)}
 
 
-def run_model(backend: ModuleType, spec: Spec, job: Job, data: Dataset, clock: measurements.StageClock) -> None:
-    """Train, export and publish one model's run folder, then measure its latency (measurements/)."""
+@dataclass
+class Trained:
+    """One model's run, published, with what its measurements record once every model is done."""
+
+    job: Job
+    model: Any
+    result: TrainResult
+    exported: dict[str, Any]
+    seconds: float
+
+
+def run_model(backend: ModuleType, spec: Spec, job: Job, data: Dataset, clock: measurements.StageClock) -> Trained:
+    """Train, export and publish one model's run folder."""
     fw, arch = backend.FRAMEWORK, job.arch
     where = f"train_export@{fw} {arch}"
     started = time.time()
     # Seeded again for each model, so that no random state carries over from the models trained before it. torch
     # and jax then give a model's folder byte for byte as a single-model run does (measured). TF does not: its
     # SavedModel and tf2onnx files name traced functions by a process-wide counter (__inference_serve_2642), so
-    # their bytes depend on what the process traced before: the same for every run of the whole stage (the
+    # their bytes depend on what the process ran before: the same for every run of the whole stage (the
     # lineage is stable), but a single-model run's TF files differ in those names.
     backend.configure(spec.seed)
     batch = data.validation_batch(spec.export.validation_batch_size)
@@ -163,21 +174,32 @@ def run_model(backend: ModuleType, spec: Spec, job: Job, data: Dataset, clock: m
         with clock.phase(f"{arch}.outputs"):
             record_outputs(backend, job, model, initial, data, batch, out)
     figures = json.loads(paths.metrics(arch, fw).read_text())
-    with clock.phase(f"{arch}.latency"):
-        measured_latency = measure_latency(backend, model, paths.onnx_model(arch, fw), data.test_images)
-    steady = result.epoch_seconds[1:] or result.epoch_seconds  # the first epoch holds compilation
-    samples = job.plan.steps_per_epoch * job.plan.batch_size
-    measurements.write(arch, fw, {
-        "framework": fw, "model": arch, "stage": f"train_export@{fw}",
-        "train": {"train_seconds": result.train_seconds, "epoch_seconds": result.epoch_seconds,
-                  "steady_samples_per_second": samples / statistics.median(steady) if steady else None},
-        "export": exported,
-        "latency": measured_latency,
-        "model_seconds": time.time() - started,
-    })
     print(f"train_export: {fw}/{arch} test_accuracy={figures['test_accuracy']:.4f} "
           f"test_loss={figures['test_loss']:.5f} (trained in {result.train_seconds:.1f}s) -> {paths.run_dir(arch, fw)}",
           flush=True)
+    return Trained(job, model, result, exported, time.time() - started)
+
+
+def measure_model(backend: ModuleType, run: Trained, data: Dataset, clock: measurements.StageClock) -> None:
+    """Latency and training speed of one published model, into measurements/ (not an output of the stage).
+
+    Runs after every model is exported: the latency loop repeats until a time budget is spent, so its number of
+    calls varies from run to run, and every TF call advances the process-wide counter that names the functions
+    TF traces later. Measured in between, it made the next models' TF files differ between two runs."""
+    fw, arch = backend.FRAMEWORK, run.job.arch
+    started = time.time()
+    with clock.phase(f"{arch}.latency"):
+        measured_latency = measure_latency(backend, run.model, paths.onnx_model(arch, fw), data.test_images)
+    steady = run.result.epoch_seconds[1:] or run.result.epoch_seconds  # the first epoch holds compilation
+    samples = run.job.plan.steps_per_epoch * run.job.plan.batch_size
+    measurements.write(arch, fw, {
+        "framework": fw, "model": arch, "stage": f"train_export@{fw}",
+        "train": {"train_seconds": run.result.train_seconds, "epoch_seconds": run.result.epoch_seconds,
+                  "steady_samples_per_second": samples / statistics.median(steady) if steady else None},
+        "export": run.exported,
+        "latency": measured_latency,
+        "model_seconds": run.seconds + time.time() - started,
+    })
 
 
 def main(argv: list[str]) -> int:
@@ -194,8 +216,9 @@ def main(argv: list[str]) -> int:
     clock.lap("inputs")
     backend = load_backend(fw, spec.seed)
     clock.lap("framework_import")
-    for job in jobs:
-        run_model(backend, spec, job, data, clock)
+    runs = [run_model(backend, spec, job, data, clock) for job in jobs]
+    for run in runs:
+        measure_model(backend, run, data, clock)
     measurements.write_stage(clock.record(models=models))
     return 0
 
