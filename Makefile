@@ -76,3 +76,26 @@ images: $(VENV)/.installed
 # Builds the CPU images, then runs the whole pipeline in them (ROSETTA_RUNTIME=container) in a temporary copy.
 test-containers: $(VENV)/.installed
 	ROSETTA_CONTAINER_TESTS=1 python -m pytest -q tests/test_containers.py
+
+# The CUDA variant (containers/README.md, "CUDA images"): the same recipe and Debian base, the CUDA locks' nvidia-*
+# wheels. Several GB of wheels, so none of these is part of `make test`.
+.PHONY: images-cuda smoke-cuda test-cuda gpu-check
+images-cuda: $(VENV)/.installed
+	python -m pipelines.images build --variant cuda --clean
+
+# The smoke check in each CUDA image: CUDA builds present, CUDAExecutionProvider listed, TF32 off, and where no GPU
+# is visible one line saying the framework runs on the CPU.
+smoke-cuda: $(VENV)/.installed
+	for env in torch tf jax validation; do \
+		ROSETTA_RUNTIME=container ROSETTA_VARIANT=cuda python -m pipelines.runner $$env -- python -m pipelines.gpu_smoke \
+			|| exit 1; \
+	done
+
+# Builds (or confirms) the CUDA images, smoke-checks them, then the tiny pipeline in them (CPU fallback here).
+test-cuda: $(VENV)/.installed
+	ROSETTA_CUDA_TESTS=1 python -m pytest -q tests/test_cuda_variant.py
+
+# On a GPU host with the NVIDIA Container Toolkit: the CUDA images on the GPU, the tiny pipeline, a report in
+# reports/gpu-check/. Refuses in one line anywhere else.
+gpu-check: $(VENV)/.installed
+	python -m pipelines.gpu_check

@@ -1,30 +1,28 @@
 # rosetta-<env>:<variant>: one environment's lock, installed offline and hash-checked, and nothing else. One recipe
-# for all four environments (torch, tf, jax, validation) and both variants: what differs between them is data in
-# pyproject.toml's [tool.rosetta.environments], passed as build arguments by `python -m pipelines.images build`:
+# for all four environments (torch, tf, jax, validation) and both variants (cpu, cuda): what differs between them
+# is data (pyproject.toml's [tool.rosetta.environments] and the locks), passed as build arguments by
+# `python -m pipelines.images build`:
 #   ENV_NAME     the environment (its lock is the build context's requirements.lock)
 #   TITLE        how the image describes it
-#   BASE_IMAGE   its `cuda_base` (pinned there), or for CPU the local Debian base rosetta-base:bookworm
-#   VARIANT, REVISION, FRAMEWORK, FRAMEWORK_VERSION, LOCK_SHA256: labels
+#   BASE_IMAGE   rosetta-base:bookworm for both variants: Debian bookworm made here by debootstrap (its python3 is the
+#                locks' 3.11). The CUDA variant needs no CUDA base: the locks bring the CUDA libraries as nvidia-*
+#                wheels, and the driver (libcuda) comes from the host through the NVIDIA container toolkit.
+#   VARIANT      cpu or cuda: picks the stage the image ends on (`cuda` adds the NVIDIA environment below)
+#   NVIDIA_REQUIRE_CUDA, CUDA_LIBRARY_PATH   cuda only, computed from the lock and its wheels
+#   REVISION, FRAMEWORK, FRAMEWORK_VERSION, LOCK_SHA256, RECIPE_SHA256: labels
 # Our own code (packages/common, the framework package, pipelines) is not in the image: the runner mounts the
 # checkout and puts it on PYTHONPATH, so a stage always runs the code it was started from (as the local runtime).
 # The build context holds only requirements.lock and wheels/ (the lock's wheels, downloaded on the host).
-# No default base: each environment needs its own (CUDA 12 or 13, cuDNN or not), so a build without one must fail.
+# No default base: a build that names none must fail rather than silently use some other image.
 ARG BASE_IMAGE
+ARG VARIANT=cpu
 
 FROM ${BASE_IMAGE} AS python
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
-# Python 3.11, the interpreter every lock is resolved for. Debian bookworm (the CPU base) has it; Ubuntu 22.04
-# (the CUDA bases) has 3.10, and its archive's python3.11 is a 3.11.0 release-candidate build, so there it comes
-# from the deadsnakes PPA. Unpinned apt versions: the PPA keeps only its latest build, and the lock (not apt) pins
-# everything the stages import.
-# hadolint ignore=DL3008
-RUN if python3.11 -c 'import ensurepip, venv' 2>/dev/null; then exit 0; fi \
- && apt-get update \
- && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends software-properties-common gpg-agent \
- && add-apt-repository -y ppa:deadsnakes/ppa \
- && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3.11 python3.11-venv \
- && apt-get purge -y --auto-remove software-properties-common gpg-agent \
- && rm -rf /var/lib/apt/lists/*
+# Python 3.11 with venv, the interpreter every lock is resolved for, comes with the base (Debian bookworm's
+# python3 and python3-venv); a base without it fails here, saying so, not halfway through the install.
+RUN python3.11 -c 'import ensurepip, venv' \
+ || { echo "error: the base image has no Python 3.11 with venv (ensurepip); use rosetta-base:bookworm" >&2; exit 1; }
 # The image's own user; the runner still passes --user $(id -u):$(id -g) so outputs belong to whoever ran dvc.
 RUN useradd --uid 10001 --user-group --no-create-home --home-dir /tmp --shell /usr/sbin/nologin rosetta
 
@@ -39,15 +37,34 @@ RUN python3.11 -m venv /opt/installer \
       --no-index --find-links /tmp/rosetta/wheels --only-binary :all: --require-hashes \
       -r /tmp/rosetta/requirements.lock
 
-FROM python
+FROM python AS cpu
+
+# What an nvidia/cuda base image would have set, and what the NVIDIA container toolkit reads when the container
+# starts: expose every GPU the engine was given (--gpus / CDI), with the compute and utility (nvidia-smi, NVML)
+# driver libraries, and refuse a driver older than the CUDA major the wheels need (NVIDIA_REQUIRE_CUDA, e.g.
+# "cuda>=13.0": CUDA minor version compatibility lets any 13.x runtime run on a 13.0 driver). LD_LIBRARY_PATH
+# holds the lib folders of the nvidia-* wheels: the frameworks find those themselves, ONNX Runtime's CUDA provider
+# only through the loader's path. What such a base adds and this one does not: the cuda-compat package (a newer
+# libcuda for older data-centre drivers), and CUDA tools outside the wheels (none of which the stages use).
+FROM python AS cuda
+ARG NVIDIA_REQUIRE_CUDA
+ARG CUDA_LIBRARY_PATH
+ENV NVIDIA_VISIBLE_DEVICES=all \
+    NVIDIA_DRIVER_CAPABILITIES=compute,utility \
+    NVIDIA_REQUIRE_CUDA=${NVIDIA_REQUIRE_CUDA} \
+    LD_LIBRARY_PATH=${CUDA_LIBRARY_PATH}
+
+# The image: the variant's stage above, then what every image has.
+FROM ${VARIANT}
 ARG BASE_IMAGE
 ARG ENV_NAME
 ARG TITLE=${ENV_NAME}
-ARG VARIANT=cuda
+ARG VARIANT
 ARG REVISION=unknown
 ARG FRAMEWORK=unknown
 ARG FRAMEWORK_VERSION=unknown
 ARG LOCK_SHA256=unknown
+ARG RECIPE_SHA256=unknown
 LABEL org.opencontainers.image.title="rosetta-${ENV_NAME}" \
       org.opencontainers.image.description="Rosetta ${TITLE} environment (${VARIANT}); code mounted at run time" \
       org.opencontainers.image.revision="${REVISION}" \
@@ -56,7 +73,8 @@ LABEL org.opencontainers.image.title="rosetta-${ENV_NAME}" \
       rosetta.variant="${VARIANT}" \
       rosetta.framework="${FRAMEWORK}" \
       rosetta.framework.version="${FRAMEWORK_VERSION}" \
-      rosetta.lock.sha256="${LOCK_SHA256}"
+      rosetta.lock.sha256="${LOCK_SHA256}" \
+      rosetta.recipe.sha256="${RECIPE_SHA256}"
 ENV VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:${PATH} \
     HOME=/tmp \

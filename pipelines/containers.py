@@ -10,6 +10,7 @@ start-up, base image, wheelhouses, builds) is pipelines/images.py; this module o
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shlex
@@ -28,7 +29,9 @@ BUILD_HINT = "python -m pipelines.images build --variant {variant} {env}"
 # Host variables a stage may be tuned with (determinism, threads, device choice, log levels) pass through;
 # everything else on the host (PATH, its virtualenv, HOME, credentials) stays out of the container.
 PASS_PREFIXES = ("ROSETTA_", "TF_", "XLA_", "JAX_", "CUBLAS_", "CUDNN_", "KERAS_", "TORCH_", "OMP_", "MKL_", "NVIDIA_")
-PASS_NAMES = frozenset({"PYTHONHASHSEED", "CUDA_VISIBLE_DEVICES"})
+# torchrun's variables name a data-parallel worker (pipelines/workers.py); TF_CONFIG and JAX_* pass by prefix.
+PASS_NAMES = frozenset({"PYTHONHASHSEED", "CUDA_VISIBLE_DEVICES", "MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK",
+                        "WORLD_SIZE"})
 HOST_ONLY = frozenset(
     {
         "ROSETTA_RUNTIME",  # inside, a stage runs directly; a nested runner must not start containers again
@@ -37,8 +40,11 @@ HOST_ONLY = frozenset(
         "ROSETTA_CONTAINER_ENGINE",
         "ROSETTA_CONTAINER_ARGS",
         "ROSETTA_CONTAINER_TESTS",
+        "ROSETTA_GPUS",
     }
 )
+# Where podman (and Docker with CDI) find the NVIDIA container toolkit's device spec (nvidia-ctk cdi generate).
+CDI_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))
 
 
 def log(message: str) -> None:
@@ -59,7 +65,8 @@ def image_name(env: str, variant: str) -> str:
 
 
 def build_hint(env: str, variant: str) -> str:
-    return BUILD_HINT.format(variant=variant, env=env) + (" (or: make images)" if variant == "cpu" else "")
+    return BUILD_HINT.format(variant=variant, env=env) + (" (or: make images)" if variant == "cpu" else
+                                                          " (or: make images-cuda)")
 
 
 def _passes(name: str) -> bool:
@@ -107,9 +114,18 @@ def run_command(
     gid: int,
     variant: str,
     extra_args: Sequence[str] = (),
+    network: str = "none",
+    gpus: bool | None = None,
 ) -> list[str]:
-    """The `docker run` / `podman run` line for one stage command."""
-    argv = [engine.name, "run", "--rm", "--pull=never", "--network=none"]  # stages need no network; never pull
+    """The `docker run` / `podman run` line for one stage command. Stages need no network (`none`); the workers
+    of a data-parallel run share one made for that run (pipelines/workers.py). Never pull.
+
+    gpus: give the container every GPU (`--gpus all`, podman: the CDI device). None: for the CUDA variant, when this
+    host can (gpu_access: a GPU and the engine's NVIDIA support); otherwise a CUDA image runs without them and its
+    frameworks fall back to the CPU, which gpu_access says in one line."""
+    if gpus is None:
+        gpus = variant == "cuda" and gpu_access(engine)
+    argv = [engine.name, "run", "--rm", "--pull=never", f"--network={network}"]
     if engine.name == "podman" and engine.rootless:
         argv.append("--userns=keep-id")  # our uid inside is our uid outside, so the --user below owns its files
     if not (engine.name == "docker" and engine.rootless):
@@ -120,7 +136,7 @@ def run_command(
     for path in mounts:
         argv += ["--volume", f"{_mountable(path)}:{_mountable(path)}"]
     argv += ["--workdir", str(cwd)]
-    if variant == "cuda":
+    if gpus:
         argv += ["--gpus", "all"] if engine.name == "docker" else ["--device", "nvidia.com/gpu=all"]
     for key in sorted(env_vars):
         argv += ["--env", f"{key}={env_vars[key]}"]
@@ -128,6 +144,57 @@ def run_command(
 
 
 # ---------------------------------------------------------------- the engine and the image
+
+
+def visible_gpus() -> list[str]:
+    """The GPUs this host's NVIDIA driver lists (`nvidia-smi -L`); [] without a driver, nvidia-smi or a GPU."""
+    if not shutil.which("nvidia-smi"):
+        return []
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [line.strip() for line in out.stdout.splitlines() if line.startswith("GPU ")] if out.returncode == 0 else []
+
+
+def nvidia_container_support(engine: Engine) -> str:
+    """Why `engine` cannot hand GPUs to a container, or "" when it can: Docker's `--gpus` needs the NVIDIA container
+    toolkit (its runtime, or the hook `--gpus` calls); podman's CDI device needs the toolkit's CDI spec."""
+    if engine.name == "docker":
+        if shutil.which("nvidia-container-runtime-hook") or shutil.which("nvidia-container-runtime"):
+            return ""
+        out = subprocess.run(["docker", "info", "--format", "{{json .Runtimes}}"], capture_output=True, text=True,
+                             check=False)
+        if '"nvidia"' in out.stdout:
+            return ""
+        return "Docker has no NVIDIA container runtime (install the NVIDIA Container Toolkit)"
+    specs = [p for d in CDI_DIRS if d.is_dir() for p in sorted(d.iterdir()) if p.suffix in (".yaml", ".yml", ".json")]
+    if any("nvidia.com/gpu" in p.read_text(errors="replace") for p in specs):
+        return ""
+    return "podman finds no NVIDIA CDI spec (nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml)"
+
+
+def gpu_problem(engine: Engine) -> str:
+    """Why containers of `engine` get no GPU on this host, or "" when they can (a GPU, and the engine's support)."""
+    gpus = visible_gpus()
+    if not gpus:
+        return "no NVIDIA GPU visible on this host (nvidia-smi lists none)"
+    return nvidia_container_support(engine)
+
+
+@functools.cache
+def gpu_access(engine: Engine) -> bool:
+    """Whether CUDA containers get `--gpus all` here. ROSETTA_GPUS=1 or 0 decides instead of looking. Without GPUs
+    it says so, once per process: the CUDA build still runs, on the CPU."""
+    forced = os.environ.get("ROSETTA_GPUS", "")
+    if forced in ("0", "1"):
+        return forced == "1"
+    if forced:
+        raise SystemExit(f"error: ROSETTA_GPUS={forced!r} is not allowed; choose 1 (pass GPUs), 0 (none) or unset")
+    problem = gpu_problem(engine)
+    if problem:
+        log(f"{problem}: CUDA images run without --gpus, and their frameworks fall back to the CPU")
+    return not problem
 
 
 def probe(name: str) -> tuple[bool, bool, str]:

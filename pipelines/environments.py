@@ -30,7 +30,6 @@ class Environment:
     framework: bool  # a framework package: its src/ goes on a stage's PYTHONPATH
     title: str
     distributions: tuple[str, ...]  # what names its framework, most telling first
-    cuda_base: str  # the CUDA image's base
 
     def lock(self, variant: str, root: Path = REPO_ROOT) -> Path:
         return root / self.package / f"requirements-{variant}.lock"
@@ -47,7 +46,6 @@ def read(root: Path = REPO_ROOT) -> dict[str, Environment]:
             framework=bool(spec.get("framework", False)),
             title=spec.get("title", name),
             distributions=tuple(spec.get("distributions", ())),
-            cuda_base=spec.get("cuda_base", ""),
         )
         for name, spec in table.items()
     }

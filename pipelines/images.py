@@ -2,10 +2,12 @@
 containers/rosetta.Dockerfile, for every environment, parameterized by pyproject.toml's
 [tool.rosetta.environments].
 
-    python -m pipelines.images build --variant cpu   # build the four CPU images here, no registry needed
-    python -m pipelines.images engine                # make sure a container engine answers (starts dockerd here)
+    python -m pipelines.images build --variant cpu           # the four CPU images here, no registry needed
+    python -m pipelines.images build --variant cuda --clean  # the four CUDA images (several GB each)
+    python -m pipelines.images engine                        # make sure an engine answers (starts dockerd here)
 
-For CPU, a Debian bookworm base is made here with debootstrap (no registry); each image's build context is a
+Both variants start from one Debian bookworm base made here with debootstrap (no registry, no digest to trust):
+the CUDA libraries come as the locks' nvidia-* wheels, the driver from the host. Each image's build context is a
 wheelhouse downloaded on the host, so the build itself needs no network (see containers/README.md).
 """
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import posixpath
 import re
 import shlex
 import shutil
@@ -21,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -29,15 +33,28 @@ from pipelines.environments import ENVIRONMENTS, PYTHON_VERSION, REPO_ROOT, VARI
 
 RECIPE = REPO_ROOT / "containers" / "rosetta.Dockerfile"
 WHEELHOUSE = RECIPE.parent / "wheelhouse"  # git-ignored; one build context per image: requirements.lock + wheels/
-CPU_BASE = "rosetta-base:bookworm"  # made here by debootstrap: Debian bookworm's python3 is the locks' 3.11
+# The base of every image, CPU and CUDA: made here by debootstrap (Debian bookworm's python3 is the locks' 3.11).
+BASE = "rosetta-base:bookworm"
+SITE_PACKAGES = f"/opt/venv/lib/python{PYTHON_VERSION}/site-packages"  # where the recipe installs the lock
 # pip must pick the same files uv locked for Python 3.11 on manylinux_2_28; pip does not widen a manylinux_2_x
 # platform to older ones by itself, so name them all (manylinux2014 widens to 2010 and 1).
 PLATFORMS = (*(f"manylinux_2_{minor}_x86_64" for minor in range(28, 16, -1)), "manylinux2014_x86_64")
 HASH = re.compile(r"--hash=sha256:([0-9a-f]{64})")
+# The CUDA runtime wheel a CUDA lock pins: nvidia-cuda-runtime (CUDA 13) or nvidia-cuda-runtime-cu12 (CUDA 12).
+CUDA_RUNTIME = re.compile(r"^nvidia-cuda-runtime(?:-cu\d+)?==(\d+)\.(\d+)", re.MULTILINE)
+SHARED_LIBRARY = re.compile(r"\.so(\.\d+)*$")
 
 
-def build_command(engine: Engine, env: str, variant: str, context: Path, build_args: Mapping[str, str]) -> list[str]:
-    argv = [engine.name, "build", "--file", str(RECIPE), "--tag", image_name(env, variant)]
+def build_stage_tag(env: str, variant: str) -> str:
+    """A name for the throwaway `install` stage of env's image, so that --clean can remove exactly it."""
+    return f"rosetta-build-{env}:{variant}"
+
+
+def build_command(engine: Engine, env: str, variant: str, context: Path, build_args: Mapping[str, str],
+                  target: str | None = None) -> list[str]:
+    """The build line of env's image; with `target`, of that stage only, under build_stage_tag's name."""
+    tag = image_name(env, variant) if target is None else build_stage_tag(env, variant)
+    argv = [engine.name, "build", "--file", str(RECIPE), "--tag", tag, *(["--target", target] if target else [])]
     for key in sorted(build_args):
         argv += ["--build-arg", f"{key}={build_args[key]}"]
     return [*argv, str(context)]
@@ -49,19 +66,53 @@ def framework_version(env: str, variant: str) -> str:
     return next((f"{name}=={pins[name]}" for name in ENVIRONMENTS[env].distributions if name in pins), "unknown")
 
 
-def build_args(env: str, variant: str, base: str | None) -> dict[str, str]:
-    """What the one recipe needs to make env's image: the data of its pyproject table, and labels."""
+def cuda_requirement(env: str) -> str:
+    """NVIDIA_REQUIRE_CUDA of env's CUDA image: the CUDA major of its lock's runtime wheel, e.g. "cuda>=13.0".
+
+    The NVIDIA container toolkit then refuses, when the container starts, a driver too old for that major (CUDA
+    minor version compatibility runs any 13.x runtime on a 13.0 driver, so the minor is not required)."""
+    lock = lock_path(env, "cuda")
+    majors = sorted({major for major, _ in CUDA_RUNTIME.findall(lock.read_text())})
+    if len(majors) != 1:
+        found = f"CUDA majors {', '.join(majors)}" if majors else "no nvidia-cuda-runtime wheel"
+        raise SystemExit(f"error: {lock.relative_to(REPO_ROOT)} must pin the runtime of exactly one CUDA major"
+                         f" ({found})")
+    return f"cuda>={majors[0]}.0"
+
+
+def cuda_library_path(wheels: Path) -> str:
+    """LD_LIBRARY_PATH of a CUDA image: every folder of the nvidia-* wheels (as installed in the image) that holds a
+    shared library, sorted. The frameworks find their nvidia-* libraries themselves; ONNX Runtime's CUDA provider
+    (libcublas, libcudnn, libcufft, ...) finds them only on the loader's path or after onnxruntime.preload_dlls()."""
+    folders = set()
+    for wheel in sorted(wheels.glob("nvidia_*.whl")):
+        with zipfile.ZipFile(wheel) as archive:
+            for name in archive.namelist():
+                folder = posixpath.dirname(name)
+                if name.startswith("nvidia/") and SHARED_LIBRARY.search(name) and "stubs" not in folder.split("/"):
+                    folders.add(folder)
+    return ":".join(f"{SITE_PACKAGES}/{folder}" for folder in sorted(folders))
+
+
+def build_args(env: str, variant: str, base: str | None, wheels: Path | None = None) -> dict[str, str]:
+    """What the one recipe needs to make env's image: the data of its pyproject table and lock, and labels.
+    `wheels`: the downloaded wheelhouse, whose nvidia-* wheels give a CUDA image its library path."""
     spec = ENVIRONMENTS[env]
-    return {
+    args = {
         "ENV_NAME": env,
         "TITLE": spec.title,
-        "BASE_IMAGE": base or (CPU_BASE if variant == "cpu" else spec.cuda_base),
+        "BASE_IMAGE": base or BASE,
         "VARIANT": variant,
         "REVISION": revision(env, variant),
         "FRAMEWORK": spec.distributions[0] if spec.distributions else env,
         "FRAMEWORK_VERSION": framework_version(env, variant),
         "LOCK_SHA256": lock_sha256(lock_path(env, variant)),
+        "RECIPE_SHA256": lock_sha256(RECIPE),  # the same sha256 of a file's bytes
     }
+    if variant == "cuda":
+        args["NVIDIA_REQUIRE_CUDA"] = cuda_requirement(env)
+        args["CUDA_LIBRARY_PATH"] = cuda_library_path(wheels) if wheels else ""
+    return args
 
 
 # ---------------------------------------------------------------- the engine
@@ -127,7 +178,7 @@ def revision(env: str, variant: str) -> str:
     return commit + ("-dirty" if git("status", "--porcelain", "--", *inputs) else "")
 
 
-def wheelhouse(env: str, variant: str) -> Path:
+def wheelhouse(env: str, variant: str, cache: bool = True) -> Path:
     """A build context holding exactly env's lock and its wheels, downloaded on the host.
 
     The build then installs with --no-index: no network, proxy or CA certificate inside the build, and no
@@ -140,6 +191,8 @@ def wheelhouse(env: str, variant: str) -> Path:
     wheels.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(lock, context / "requirements.lock")
     cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--require-hashes"]
+    if not cache:
+        cmd.append("--no-cache-dir")  # CUDA wheels are GBs: not a second copy in pip's cache
     cmd += ["--no-deps", "--only-binary=:all:", "--implementation", "cp", "--python-version", PYTHON_VERSION]
     cmd += ["--abi", f"cp{PYTHON_VERSION.replace('.', '')}"]
     for platform in PLATFORMS:
@@ -158,20 +211,21 @@ def wheelhouse(env: str, variant: str) -> Path:
     return context
 
 
-def make_cpu_base(engine: Engine) -> None:
-    """rosetta-base:bookworm from Debian's archive (debootstrap): CPU builds where no image registry is reachable."""
-    if image_labels(engine, CPU_BASE) is not None:
+def make_base(engine: Engine) -> None:
+    """rosetta-base:bookworm from Debian's archive (debootstrap): the base of every image, CPU and CUDA, made where no
+    image registry is reachable (and with no digest to trust but Debian's signed archive)."""
+    if image_labels(engine, BASE) is not None:
         return
     if os.geteuid() != 0 or not shutil.which("debootstrap"):
         raise SystemExit(
-            f"error: base image {CPU_BASE} is missing and cannot be made here (needs root and debootstrap:"
+            f"error: base image {BASE} is missing and cannot be made here (needs root and debootstrap:"
             " apt-get install debootstrap); or pass --base python:3.11-slim-bookworm where a registry is reachable"
         )
     mirror = os.environ.get("ROSETTA_DEBIAN_MIRROR", "http://deb.debian.org/debian")
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="rosetta-base-", dir="/var/tmp") as tmp:
         rootfs = Path(tmp) / "rootfs"
-        log(f"making {CPU_BASE}: debootstrap --variant=minbase --include=python3,python3-venv bookworm ({mirror})")
+        log(f"making {BASE}: debootstrap --variant=minbase --include=python3,python3-venv bookworm ({mirror})")
         subprocess.run(
             ["debootstrap", "--variant=minbase", "--include=python3,python3-venv", "bookworm", str(rootfs), mirror],
             check=True,
@@ -183,11 +237,11 @@ def make_cpu_base(engine: Engine) -> None:
                     item.unlink()
         tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
         changes = ["--change", "ENV LANG=C.UTF-8", "--change", 'CMD ["/bin/bash"]']
-        subprocess.run([engine.name, "import", *changes, "-", CPU_BASE], stdin=tar.stdout, check=True)
+        subprocess.run([engine.name, "import", *changes, "-", BASE], stdin=tar.stdout, check=True)
         tar.stdout.close()  # type: ignore[union-attr]
         if tar.wait() != 0:
-            raise SystemExit(f"error: tar of the {CPU_BASE} root filesystem failed")
-    log(f"made {CPU_BASE} in {time.monotonic() - started:.0f} s")
+            raise SystemExit(f"error: tar of the {BASE} root filesystem failed")
+    log(f"made {BASE} in {time.monotonic() - started:.0f} s")
 
 
 def image_size(engine: Engine, image: str) -> int:
@@ -197,19 +251,43 @@ def image_size(engine: Engine, image: str) -> int:
     return int(out.stdout.strip() or 0)
 
 
-def build(envs: Sequence[str], variant: str, base: str | None) -> dict[str, float]:
-    """Build each env's image; returns seconds per image."""
+def is_current(engine: Engine, env: str, variant: str) -> bool:
+    """Whether env's image exists and was built from the current lock and recipe (its labels say so). --clean
+    builds skip such images: with their install stage removed, the layer cache could not make them cheaply."""
+    labels = image_labels(engine, image_name(env, variant)) or {}
+    return (labels.get("rosetta.lock.sha256") == lock_sha256(lock_path(env, variant))
+            and labels.get("rosetta.recipe.sha256") == lock_sha256(RECIPE))
+
+
+def build(envs: Sequence[str], variant: str, base: str | None, clean: bool = False) -> dict[str, float]:
+    """Build each env's image; returns seconds per image.
+
+    clean: after each image, remove its wheelhouse and its `install` stage (the wheels and a second copy of the
+    environment: about twice the image's size for CUDA), and download without pip's cache. The image is the same;
+    an image already built from the current lock and recipe is kept, any other is downloaded and installed again
+    (the layer cache no longer holds its install stage)."""
     engine = ensure_engine()
     log(f"engine: {engine.name}{' (rootless)' if engine.rootless else ''}")
-    if variant == "cpu" and base is None:
-        make_cpu_base(engine)
+    if base is None:
+        make_base(engine)
     times: dict[str, float] = {}
     for env in envs:
         started = time.monotonic()
-        context = wheelhouse(env, variant)
-        argv = build_command(engine, env, variant, context, build_args(env, variant, base))
-        log(" ".join(shlex.quote(a) for a in argv))
-        subprocess.run(argv, check=True)
+        if clean and is_current(engine, env, variant):
+            log(f"{image_name(env, variant)} is current (built from this lock and recipe): kept")
+            continue
+        context = wheelhouse(env, variant, cache=not clean)
+        args = build_args(env, variant, base, context / "wheels")
+        # With --clean, the install stage first, under a name of its own (the full build then reuses it).
+        for target in ("install", None) if clean else (None,):
+            argv = build_command(engine, env, variant, context, args, target)
+            log(" ".join(shlex.quote(a) for a in argv))
+            subprocess.run(argv, check=True)
+        if clean:
+            subprocess.run([engine.name, "image", "rm", build_stage_tag(env, variant)], check=True,
+                           stdout=subprocess.DEVNULL)
+            shutil.rmtree(context)
+            log(f"removed the wheelhouse and the install stage of {image_name(env, variant)}")
         times[env] = time.monotonic() - started
         size = image_size(engine, image_name(env, variant)) / 1e9
         log(f"built {image_name(env, variant)} in {times[env]:.0f} s ({size:.2f} GB)")
@@ -222,10 +300,11 @@ def main(argv: list[str] | None = None) -> int:
     build_p = sub.add_parser("build", help=f"build images from {RECIPE.relative_to(REPO_ROOT)}")
     build_p.add_argument("envs", nargs="*", metavar="ENV", help=f"default: all of {', '.join(ENVIRONMENTS)}")
     build_p.add_argument("--variant", choices=VARIANTS, default="cpu")
+    build_p.add_argument("--base", help=f"base image (default: {BASE}, made here with debootstrap)")
     build_p.add_argument(
-        "--base",
-        help=f"base image (cpu default: {CPU_BASE}, made here with debootstrap; cuda: the environment's cuda_base"
-        " in pyproject.toml)",
+        "--clean",
+        action="store_true",
+        help="after each image, remove its wheelhouse and install stage (saves GBs for CUDA; rebuilds download again)",
     )
     sub.add_parser("engine", help="make sure a container engine answers (starts dockerd here when it can)")
     args = parser.parse_args(argv)
@@ -236,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(args.envs) - set(ENVIRONMENTS))
     if unknown:
         parser.error(f"unknown environment(s) {', '.join(unknown)}; choose from {', '.join(ENVIRONMENTS)}")
-    times = build(args.envs or list(ENVIRONMENTS), args.variant, args.base)
+    times = build(args.envs or list(ENVIRONMENTS), args.variant, args.base, args.clean)
     log("build times: " + ", ".join(f"{env} {seconds:.0f} s" for env, seconds in times.items()))
     return 0
 

@@ -5,17 +5,31 @@
 
 Each environment is resolved on its own (its package's pyproject plus common's), never together with
 another framework: that is what keeps the three dependency sets from colliding.
+
+A CUDA lock is resolved under its CPU lock's pins as constraints (local labels such as `+cpu` dropped): what both
+variants install (numpy, protobuf, onnx, onnxruntime, keras, ...) is then the same version in both, and only what
+the variant changes differs (the framework's CUDA build, its nvidia-* wheels, onnxruntime-gpu). Resolve the CPU
+lock first (the default order); the CUDA one never changes it.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from pipelines.environments import ENVIRONMENTS, PLATFORM, PYTHON_VERSION, REPO_ROOT, VARIANTS, find_links, lock_path
+
+PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\+]+)", re.MULTILINE)
+
+
+def cpu_constraints(env: str) -> str:
+    """The CPU lock's pins as constraints for the CUDA lock: `name==version`, without a local label (`+cpu`)."""
+    return "".join(f"{name}=={version}\n" for name, version in PIN.findall(lock_path(env, "cpu").read_text()))
 
 
 def compile_lock(env: str, variant: str) -> Path:
@@ -49,7 +63,12 @@ def compile_lock(env: str, variant: str) -> Path:
         cmd += ["--find-links", links]
     if env == "torch" and variant == "cpu" and not links:
         cmd += ["--extra-index-url", "https://download.pytorch.org/whl/cpu", "--index-strategy", "unsafe-best-match"]
-    subprocess.run(cmd, check=True, cwd=REPO_ROOT, env={**os.environ, "UV_NO_CONFIG": "1"})
+    with tempfile.NamedTemporaryFile("w", prefix=f"rosetta-{env}-cpu-pins-", suffix=".txt") as constraints:
+        if variant == "cuda":
+            constraints.write(cpu_constraints(env))
+            constraints.flush()
+            cmd += ["--constraint", constraints.name]
+        subprocess.run(cmd, check=True, cwd=REPO_ROOT, env={**os.environ, "UV_NO_CONFIG": "1"})
     # uv writes the find-links location it used into the lock; keep locks free of machine paths.
     text = "\n".join(line for line in out.read_text().splitlines() if not line.startswith("--find-links"))
     out.write_text(text.rstrip() + "\n")

@@ -34,6 +34,16 @@ def run_dir(model: str, framework: str) -> Path:
     return framework_dir(framework) / model
 
 
+def data_parallel_dir(framework: str) -> Path:
+    """The train_dp@<framework> stage's one DVC output: a run folder per data-parallel model (empty when off)."""
+    return ARTIFACTS / "data_parallel" / framework
+
+
+def data_parallel_run(model: str, framework: str) -> Path:
+    """A data-parallel run folder: trained.safetensors, train_log.json, metrics.json, as a run_dir has."""
+    return data_parallel_dir(framework) / model
+
+
 def trained_weights(model: str, framework: str) -> Path:
     return run_dir(model, framework) / "trained.safetensors"
 

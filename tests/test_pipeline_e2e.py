@@ -20,7 +20,7 @@ from support import MODELS, TINY, VALIDATE, TinyRun, ran_stages, sh
 
 FRAMEWORKS = ["torch", "tf", "jax"]
 PAIRS = ["torch|tf", "torch|jax", "tf|jax"]
-STAGES = {"data", "init", "validate", "report"} | {f"train_export@{f}" for f in FRAMEWORKS}
+STAGES = {"data", "init", "validate", "report"} | {f"{s}@{f}" for f in FRAMEWORKS for s in ("train_export", "train_dp")}
 # What a train_export stage publishes for each model, and nothing else: one run folder per model.
 RUN_FILES = {
     "trained.safetensors",

@@ -273,3 +273,31 @@ INFERENCE_PREFIX = "inference_mode_"
 def inference_mode(inputs: Inputs, model: str) -> list[dict[str, Any]]:
     """Every export's inference-mode row (ONNX files and native formats), framework by framework."""
     return [r for r in check_rows(inputs, model) if str(r.get("check", "")).startswith(INFERENCE_PREFIX)]
+
+
+# Data-parallel figures (pipelines/stages/validate_data_parallel.py): key, label, the check that judged it.
+DATA_PARALLEL_FIGURES: list[tuple[str, str, str | None]] = [
+    ("step1_loss_rel", "step-1 loss, rel", "dp_step1_loss_rel"),
+    ("first_epoch_loss_max_rel", "first-epoch losses, max rel", "dp_first_epoch_loss_rel"),
+    ("test_loss_rel", "test loss, rel", "dp_test_loss_rel"),
+    ("test_accuracy_diff_points", "test accuracy, points", "dp_test_accuracy_points"),
+    ("all_steps_loss_max_rel", "all step losses, max rel", None),
+    ("final_weights_max_abs", "final weights, max abs", None),
+]
+
+
+def data_parallel(inputs: Inputs) -> list[dict[str, Any]]:
+    """One row per compared pair of runs ("torch-dp|torch": N workers vs one process; "torch-dp|tf-dp"), each
+    figure with the tolerance and verdict of its check."""
+    table = []
+    for fig in (inputs.validation or {}).get("data_parallel", []):
+        if "|" not in str(fig.get("runs", "")):
+            continue  # a run's own test figures
+        rows = {r["check"]: r for r in check_rows(inputs, fig["model"]) if r.get("framework") == fig["runs"]}
+        cells = {}
+        for key, _, check in DATA_PARALLEL_FIGURES:
+            row = rows.get(check) if check else None
+            cells[key] = Cell(fig.get(key), row.get("tolerance") if row else None,
+                              bool(row["passed"]) if row else None)
+        table.append({"model": fig["model"], "pair": fig["runs"], "workers": fig.get("workers"), "cells": cells})
+    return table

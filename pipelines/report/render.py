@@ -147,6 +147,15 @@ def sections(inputs: Inputs, variant: str) -> list[Section]:
             ],
         ),
         Section(
+            "data_parallel",
+            "Data-parallel training",
+            "train_dp@<framework>: the same training on data_parallel.workers workers of each framework's own "
+            "distributed engine (torch.distributed with DDP, jax.distributed with a global mesh, TF's "
+            "MultiWorkerMirroredStrategy), each worker taking its contiguous share of every batch. Throughput with "
+            "one and with N workers: the measurements section (rows <framework>-dp).",
+            [Group("", [tables.data_parallel(inputs)])],
+        ),
+        Section(
             "onnx",
             "ONNX files",
             "What torch.onnx, tf2onnx and jax2onnx each emit for the same model: the files, the form a recurrent "
@@ -186,6 +195,14 @@ def sections(inputs: Inputs, variant: str) -> list[Section]:
     ]
 
 
+def measurement_runs(inputs: Inputs) -> list[list[str]]:
+    """[model, run] rows of the measurements table: each framework's run, then its data-parallel run if any."""
+    dp = inputs.spec.data_parallel
+    parallel = set(dp.models) if dp.workers > 1 else set()
+    return [[m, run] for m in inputs.models for fw in inputs.frameworks
+            for run in ([fw, f"{fw}-dp"] if m in parallel else [fw])]
+
+
 def inline_script() -> tuple[str, str]:
     """The measurements script and its CSP hash ("sha256-..."): the page runs that inline script and no other."""
     code = (TEMPLATES / "measurements.js").read_text()
@@ -206,7 +223,7 @@ def context(inputs: Inputs, variant: str = "cpu") -> dict[str, Any]:
         "params": inputs.params_text,
         "optimizer": inputs.spec.train.optimizer,
         "measurements_js": MEASUREMENTS_JS,
-        "measurements_runs": json.dumps([[m, fw] for m in inputs.models for fw in inputs.frameworks]),
+        "measurements_runs": json.dumps(measurement_runs(inputs)),
         "measurements_script": script,
         "script_hash": script_hash,
     }

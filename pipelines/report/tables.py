@@ -170,6 +170,22 @@ def training_parity(inputs: Inputs, model: str) -> Table:
     return Table("Training parity", columns, rows, note=note, empty="No training-parity figures.")
 
 
+def data_parallel(inputs: Inputs) -> Table:
+    figures = analysis.data_parallel(inputs)
+    rows = [Row([text(fig["model"]), text(fig["pair"]), cell(fig["workers"], "int"),
+                 *(_judged(fig["cells"][key]) for key, *_ in analysis.DATA_PARALLEL_FIGURES)]) for fig in figures]
+    columns = _columns("model", "runs", "workers", *(label for _, label, _ in analysis.DATA_PARALLEL_FIGURES),
+                       left=(0, 1))
+    note = ("x-dp|x: a framework's data-parallel run against its own single-process run; x-dp|y-dp: two "
+            "frameworks' data-parallel runs. Test figures from each run's trained weights with the float64 "
+            "reference forward.")
+    for arch, bounds in inputs.spec.data_parallel.bounds.items():
+        note += f" Weaker bounds for {arch}'s data-parallel runs (params.yaml data_parallel.bounds): {bounds.reason}"
+    return Table("Data-parallel runs against single-process runs and each other", columns, rows, note=note,
+                 empty="Data-parallel training is off (params.yaml data_parallel.workers: 1; "
+                       "-S data_parallel.workers=2 switches it on).")
+
+
 def _judged(c: analysis.Cell) -> Cell:
     """A figure with the tolerance it was judged against and the verdict, as the training-parity table shows it."""
     mark = " ✓" if c.passed is True else (" ✗" if c.passed is False else "")

@@ -52,6 +52,16 @@ class Job:
     plan: TrainPlan
 
 
+def load_jobs(spec: Spec, models: list[str], data: Dataset) -> list[Job]:
+    """Each model's config, checked init weights and plan."""
+    jobs = []
+    for arch in models:
+        config = model_config(spec, arch, data)
+        jobs.append(Job(arch, config, load_weights(paths.init_weights(arch), config),
+                        plan(spec, arch, len(data.train_labels))))
+    return jobs
+
+
 def check_training(result: TrainResult, train_plan: TrainPlan, where: str) -> None:
     """A diverged run publishes nothing: name the first step whose loss is not finite."""
     if len(result.step_losses) != train_plan.num_steps:
@@ -68,13 +78,21 @@ def check_training(result: TrainResult, train_plan: TrainPlan, where: str) -> No
 def train(backend: ModuleType, job: Job, data: Dataset, out: Path, where: str) -> tuple[Any, TrainResult]:
     model = backend.build(job.config, job.init)
     result = backend.train(model, job.plan, data)
+    record_training(backend, job, model, result, data, out, where)
+    return model, result
+
+
+def record_training(backend: ModuleType, job: Job, model: Any, result: TrainResult, data: Dataset, out: Path,
+                    where: str, **run: Any) -> None:
+    """A trained model's run record: its canonical weights, every step's loss, its test figures as the framework
+    computes them; `run` adds fields to train_log.json and metrics.json (a data-parallel run's `workers`)."""
     check_training(result, job.plan, where)
     trained = backend.to_canonical(model)
     check_weights(trained, job.config, f"{where}: trained weights")  # names, shapes, all finite
     test_logits = backend.predict(model, data.test_images)
     save_weights(out / "trained.safetensors", trained, job.arch, framework=backend.FRAMEWORK)
     write_json(out / "train_log.json", {
-        "framework": backend.FRAMEWORK, "model": job.arch, **job.plan.describe(),
+        "framework": backend.FRAMEWORK, "model": job.arch, **job.plan.describe(), **run,
         "step_losses": result.step_losses, "epoch_losses": result.epoch_losses,
     })
     write_json(out / "metrics.json", {
@@ -84,8 +102,13 @@ def train(backend: ModuleType, job: Job, data: Dataset, out: Path, where: str) -
         "parameters": count_parameters(trained),
         "epochs": job.plan.epochs,
         "optimizer": job.plan.optimizer_name,
+        **run,
     })
-    return model, result
+
+
+def steady_samples_per_second(result: TrainResult, job: Job) -> float | None:
+    steady = result.epoch_seconds[1:] or result.epoch_seconds  # the first epoch holds compilation
+    return job.plan.steps_per_epoch * job.plan.batch_size / statistics.median(steady) if steady else None
 
 
 def export(backend: ModuleType, job: Job, model: Any, batch: np.ndarray, out: Path,
@@ -190,12 +213,10 @@ def measure_model(backend: ModuleType, run: Trained, data: Dataset, clock: measu
     started = time.time()
     with clock.phase(f"{arch}.latency"):
         measured_latency = measure_latency(backend, run.model, paths.onnx_model(arch, fw), data.test_images)
-    steady = run.result.epoch_seconds[1:] or run.result.epoch_seconds  # the first epoch holds compilation
-    samples = run.job.plan.steps_per_epoch * run.job.plan.batch_size
     measurements.write(arch, fw, {
         "framework": fw, "model": arch, "stage": f"train_export@{fw}",
         "train": {"train_seconds": run.result.train_seconds, "epoch_seconds": run.result.epoch_seconds,
-                  "steady_samples_per_second": samples / statistics.median(steady) if steady else None},
+                  "steady_samples_per_second": steady_samples_per_second(run.result, run.job)},
         "export": run.exported,
         "latency": measured_latency,
         "model_seconds": run.seconds + time.time() - started,
@@ -208,11 +229,7 @@ def main(argv: list[str]) -> int:
     clock.stage = f"train_export@{fw}"
     # Every input of every model is checked where it enters, before the framework is imported or anything written.
     data = load_prepared(paths.PREPARED)
-    jobs = []
-    for arch in models:
-        config = model_config(spec, arch, data)
-        jobs.append(Job(arch, config, load_weights(paths.init_weights(arch), config),
-                        plan(spec, arch, len(data.train_labels))))
+    jobs = load_jobs(spec, models, data)
     clock.lap("inputs")
     backend = load_backend(fw, spec.seed)
     clock.lap("framework_import")

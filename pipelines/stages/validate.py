@@ -10,7 +10,9 @@ Checks, each with an explicit tolerance from params.yaml:
   on random inputs at several batch sizes (forward parity);
 - per model and pair of frameworks: training parity (step-1 loss, first-epoch losses, test loss, test
   accuracy), plus the final weight difference as a figure; for a model with BatchNorm, its running mean and
-  variance after training, from the trained canonical files (figure `running_statistics`).
+  variance after training, from the trained canonical files (figure `running_statistics`);
+- with data_parallel.workers > 1: each framework's data-parallel run against its single-process run and the
+  data-parallel runs pairwise (pipelines/stages/validate_data_parallel.py).
 Writes reports/validation.json and exits non-zero naming each failing check.
 """
 
@@ -28,6 +30,7 @@ import onnxruntime as ort
 
 from pipelines import measurements, paths
 from pipelines.stages import IMPORTS_STARTED, StageError, stage_main
+from pipelines.stages.validate_data_parallel import data_parallel_parity
 from rosetta_common.data import load_prepared
 from rosetta_common.errors import RosettaError
 from rosetta_common.interface import Predict
@@ -413,6 +416,8 @@ def main(argv: list[str]) -> int:
         parity += figures
         statistics += running_statistics(spec, checks, arch, trained)
         clock.lap(arch)
+    data_parallel = data_parallel_parity(spec, checks, data)
+    clock.lap("data_parallel")
     failures = checks.failures()
     report = {
         "passed": not failures,
@@ -420,6 +425,7 @@ def main(argv: list[str]) -> int:
         "training_parity": parity,
         "running_statistics": statistics,
         "runs": measured,
+        "data_parallel": data_parallel,
         "summary": {"checks": len(checks.rows), "failed": len(failures)},
     }
     write_json(paths.VALIDATION, report)

@@ -79,3 +79,28 @@ def test_missing_and_malformed_files(tmp_path):
 def test_yaml_scientific_notation_without_dot_is_accepted():
     # PyYAML reads `1e-3` as a string; the spec still takes it as a number.
     assert parse_spec({"optimizers": {"adam": {"learning_rate": "1e-3"}}}).optimizer.learning_rate == 1e-3
+
+
+SOURCES = {"sources": {"mnist5k": {
+    "quality": {"min_test_accuracy": {"mlp": 0.9}},
+    "tolerances": {"models": {"cnn": {"reason": "chaotic on 1,250 steps (measured)", "test_loss_rel": 0.05}}},
+}}}
+
+
+def test_a_sources_overrides_apply_only_when_that_source_is_chosen() -> None:
+    digits = parse_spec(SOURCES)
+    assert digits.quality.min_test_accuracy["mlp"] == 0.95
+    assert digits.tolerances.for_model("cnn").test_loss_rel == 1e-3
+    mnist = parse_spec({**SOURCES, "data": {"source": "mnist5k"}})
+    assert mnist.quality.min_test_accuracy["mlp"] == 0.9
+    assert mnist.quality.min_test_accuracy["cnn"] == 0.95  # merged key by key: the other floors stay
+    assert mnist.tolerances.for_model("cnn").test_loss_rel == 0.05
+    assert mnist.tolerances.for_model("mlp").test_loss_rel == 1e-3
+
+
+def test_a_bad_sources_override_is_one_line() -> None:
+    with pytest.raises(SpecError, match=r"sources\.mnist5k\.quality\.min_test_accuracy\.mlp = 2") as error:
+        parse_spec({"sources": {"mnist5k": {"quality": {"min_test_accuracy": {"mlp": 2}}}}})
+    assert "\n" not in str(error.value)
+    with pytest.raises(SpecError, match=r"sources\.mnist5k\.train = .*unknown field"):
+        parse_spec({"sources": {"mnist5k": {"train": {"epochs": 3}}}})

@@ -38,3 +38,8 @@ def one_line(text: str) -> str:
     """Collapse a library's multi-line message into one line (the first non-empty one carries the cause)."""
     lines = [line.strip() for line in str(text).splitlines() if line.strip()]
     return lines[0] if lines else ""
+
+
+class DistributedError(RosettaError):
+    """Data-parallel training could not run: a cluster description that does not add up, a coordinator that
+    cannot be reached, a port already in use, a worker that died."""

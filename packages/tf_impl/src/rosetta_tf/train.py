@@ -170,19 +170,22 @@ class _Record(keras.callbacks.Callback):
         self.bar.close()
 
 
-def plan_batches(plan: TrainPlan, data: Dataset, masks: np.ndarray | None = None) -> tf.data.Dataset:
+def plan_batches(plan: TrainPlan, data: Dataset, masks: np.ndarray | None = None,
+                 rows: slice = slice(None)) -> tf.data.Dataset:
     """All epochs' batches, in the plan's order, as one tf.data stream; with `masks` (num_steps, batch,
-    features), step s also carries masks[s], and the inputs are the training model's dict.
+    features), step s also carries masks[s], and the inputs are the training model's dict. `rows`: only
+    these rows of every batch and of its mask (a data-parallel worker's share; default all).
 
     The gather runs inside tf.data so fit never goes back to Python for data.
     """
     if plan.num_samples != len(data.train_labels):
         raise ValueError(f"the plan is for {plan.num_samples} training samples, the data has {len(data.train_labels)}")
     images, labels = tf.constant(data.train_images, tf.float32), tf.constant(data.train_labels, tf.int64)
+    batches = plan.all_batches()[:, rows]
     if masks is None:
-        ds = tf.data.Dataset.from_tensor_slices(plan.all_batches())
+        ds = tf.data.Dataset.from_tensor_slices(batches)
         return ds.map(lambda idx: (tf.gather(images, idx), tf.gather(labels, idx))).prefetch(2)
-    ds = tf.data.Dataset.from_tensor_slices((plan.all_batches(), masks))
+    ds = tf.data.Dataset.from_tensor_slices((batches, masks[:, rows]))
     return ds.map(lambda idx, mask: ({INPUT_NAME: tf.gather(images, idx), MASK_INPUT: mask},
                                      tf.gather(labels, idx))).prefetch(2)
 
@@ -208,10 +211,17 @@ def train(model: keras.Model, plan: TrainPlan, data: Dataset) -> TrainResult:
     trainer.fit(plan_batches(plan, data, masks), epochs=plan.epochs, steps_per_epoch=plan.steps_per_epoch,
                 shuffle=False, verbose=0, callbacks=[record])
     seconds = time.perf_counter() - start
-    losses, steps = record.step_losses, plan.steps_per_epoch
+    return train_result(plan, record.step_losses, seconds, record.epoch_seconds)
+
+
+def train_result(plan: TrainPlan, losses: list[float], seconds: float, epoch_seconds: list[float],
+                 **extra: Any) -> TrainResult:
+    """The TrainResult of a finished run (single-process or data-parallel): each epoch's mean step loss, and a
+    TrainingError naming the first step whose loss is not finite."""
+    steps = plan.steps_per_epoch
     if not np.isfinite(losses).all():
         raise TrainingError(f"tf {plan.arch}: the training loss became non-finite at step "
                             f"{int(np.argmin(np.isfinite(losses))) + 1} of {len(losses)}")
     epoch_losses = [float(np.mean(losses[e * steps:(e + 1) * steps], dtype=np.float64)) for e in range(plan.epochs)]
     return TrainResult(step_losses=losses, epoch_losses=epoch_losses, train_seconds=seconds,
-                       epoch_seconds=record.epoch_seconds, extra=plan.describe())
+                       epoch_seconds=epoch_seconds, extra={**plan.describe(), **extra})

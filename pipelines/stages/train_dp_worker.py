@@ -1,0 +1,75 @@
+"""One worker of stage `train_dp@<framework>`: trains every model of `data_parallel.models` data-parallel on the
+framework's own engine, from the same init and plan as train_export; rank 0 writes each model's run folder.
+
+    python -m pipelines.stages.train_dp_worker <framework>
+
+Who the worker is comes from the variables of the framework's own launcher (rosetta_common.distributed), so
+pipelines/workers.py, `torchrun`, or a hand-made TF_CONFIG on another host start the same program. Rank 0
+writes into ROSETTA_DP_OUT (the launcher's scratch folder, published only if every worker succeeds) or, started
+by hand, publishes artifacts/data_parallel/<framework>/ itself when it is done.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+from pipelines import measurements, paths
+from pipelines.stages import IMPORTS_STARTED, stage_main
+from pipelines.stages.backend import load_backend
+from pipelines.stages.train_export import load_jobs, record_training, steady_samples_per_second
+from rosetta_common.data import load_prepared
+from rosetta_common.distributed import Cluster
+from rosetta_common.interface import BACKEND_MODULES
+from rosetta_common.io import staged_outputs
+from rosetta_common.spec import load_spec
+
+OUT_VARIABLE = "ROSETTA_DP_OUT"
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("framework", choices=list(BACKEND_MODULES))
+    fw = parser.parse_args(argv).framework
+    clock = measurements.StageClock(f"train_dp@{fw}", IMPORTS_STARTED)
+    spec = load_spec(paths.PARAMS)
+    cluster = Cluster.from_environment(fw)
+    data = load_prepared(paths.PREPARED)
+    jobs = load_jobs(spec, list(spec.data_parallel.models), data)
+    backend = load_backend(fw, spec.seed)
+    clock.lap("framework_import")
+    backend.start_worker(cluster)
+    clock.lap("engine_start")
+    given = os.environ.get(OUT_VARIABLE)
+    publish = nullcontext(Path(given)) if given else staged_outputs(paths.data_parallel_dir(fw))
+    with publish if cluster.is_chief else nullcontext(None) as out:
+        for job in jobs:
+            where = f"train_dp@{fw} {job.arch} (rank {cluster.rank} of {cluster.world})"
+            backend.configure(spec.seed)
+            started = time.time()
+            with clock.phase(f"{job.arch}.train"):
+                model, result = backend.train_data_parallel(job.config, job.init, job.plan, data, cluster)
+            if out is None:
+                continue
+            run = out / job.arch
+            run.mkdir(parents=True)
+            record_training(backend, job, model, result, data, run, where, workers=cluster.world,
+                            engine=result.extra.get("engine", ""))
+            measurements.write(job.arch, f"{fw}-dp", {
+                "framework": fw, "model": job.arch, "stage": f"train_dp@{fw}", "workers": cluster.world,
+                "train": {"train_seconds": result.train_seconds, "epoch_seconds": result.epoch_seconds,
+                          "steady_samples_per_second": steady_samples_per_second(result, job)},
+                "model_seconds": time.time() - started,
+            })
+            print(f"train_dp: {fw}/{job.arch} on {cluster.world} workers -> {run}", flush=True)
+    backend.stop_worker()
+    if cluster.is_chief:
+        measurements.write_stage(clock.record(models=[job.arch for job in jobs], workers=cluster.world))
+    return 0
+
+
+if __name__ == "__main__":
+    stage_main(main)
