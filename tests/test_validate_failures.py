@@ -232,8 +232,14 @@ def moved_value(side: Side, others: list[float], target: float, relative: bool) 
     return (min(others) if side == "beyond" else max(others)) - target / 100
 
 
+# The data-parallel check that compares the same figure with this framework's own data-parallel run.
+DATA_PARALLEL_CHECK = {"train_step1_loss_rel": "dp_step1_loss_rel",
+                       "train_first_epoch_loss_rel": "dp_first_epoch_loss_rel"}
+
+
 def step_loss(model: str, framework: str, check: str, step: int) -> Perturb:
-    """One framework's training log reports a different loss at one step (index 0 for step 1)."""
+    """One framework's training log reports a different loss at one step (index 0 for step 1): every pair with
+    the other frameworks moves, and so does the pair with its own data-parallel run where there is one."""
 
     def perturb(ws: Workspace, side: Side) -> list[Key]:
         rows = ws.rows(model, check, framework)
@@ -241,10 +247,15 @@ def step_loss(model: str, framework: str, check: str, step: int) -> Perturb:
         logs = {f: ws.read_json(paths.train_log(model, f)) for f in pairs}
         assert step < logs[framework]["steps_per_epoch"], "the step must lie in the first epoch"
         others = [log["step_losses"][step] for f, log in logs.items() if f != framework]
+        own_dp = f"{framework}-dp|{framework}"
+        dp_rows = [r for r in ws.rows(model, DATA_PARALLEL_CHECK[check]) if r["framework"] == own_dp]
+        if dp_rows:
+            dp_log = ws.read_json(paths.data_parallel_run(model, framework) / "train_log.json")
+            others.append(dp_log["step_losses"][step])
         logs[framework]["step_losses"][step] = moved_value(side, others, aim(side, *worst(rows)), relative=True)
         ws.write_json(paths.train_log(model, framework), logs[framework])
         rehash(ws, paths.run_dir(model, framework))
-        return [key(r) for r in rows]
+        return [key(r) for r in rows + dp_rows]
 
     return perturb
 

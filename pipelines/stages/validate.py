@@ -398,6 +398,7 @@ def main(argv: list[str]) -> int:
     parity: list[dict[str, Any]] = []
     statistics: list[dict[str, Any]] = []
     measured: list[dict[str, Any]] = []  # test figures this stage computed from each run's artifacts
+    judged: set[tuple[str, str]] = set()  # (model, framework) runs whose files are the ones their figures came from
     for arch in spec.models:
         config = ModelConfig.of(spec, arch, data.image_shape, data.num_classes)
         runs = {}
@@ -405,6 +406,7 @@ def main(argv: list[str]) -> int:
             record = intact(checks, arch, fw)
             if record is None:
                 continue  # nothing of this run is judged: its files are not the ones measured
+            judged.add((arch, fw))
             try:
                 runs[fw] = check_framework(spec, checks, arch, fw, data, batch, record)
             except (OSError, KeyError, ValueError, TypeError) as error:
@@ -416,7 +418,7 @@ def main(argv: list[str]) -> int:
         parity += figures
         statistics += running_statistics(spec, checks, arch, trained)
         clock.lap(arch)
-    data_parallel = data_parallel_parity(spec, checks, data)
+    data_parallel = data_parallel_parity(spec, checks, data, judged)
     clock.lap("data_parallel")
     failures = checks.failures()
     report = {

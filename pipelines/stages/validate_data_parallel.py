@@ -65,8 +65,9 @@ CHECKS = (("dp_step1_loss_rel", "step1_loss_rel", "step1_loss_rel"),
           ("dp_test_accuracy_points", "test_accuracy_diff_points", "test_accuracy_points"))
 
 
-def data_parallel_parity(spec: Spec, checks: Any, data: Dataset) -> list[dict[str, Any]]:
-    """Figures per (model, pair) and checks into `checks`; nothing when data-parallel training is off."""
+def data_parallel_parity(spec: Spec, checks: Any, data: Dataset, intact: set[tuple[str, str]]) -> list[dict[str, Any]]:
+    """Figures per (model, pair) and checks into `checks`; nothing when data-parallel training is off. A
+    single-process run not in `intact` (it failed artifacts_intact) is compared with nothing, as in validate."""
     dp = spec.data_parallel
     if dp.workers == 1:
         return []
@@ -78,8 +79,9 @@ def data_parallel_parity(spec: Spec, checks: Any, data: Dataset) -> list[dict[st
         single, parallel = {}, {}
         for fw in spec.frameworks:
             try:
-                single[fw] = Run(paths.train_log(arch, fw), paths.trained_weights(arch, fw), config, train_plan,
-                                 data, 1)
+                if (arch, fw) in intact:
+                    single[fw] = Run(paths.train_log(arch, fw), paths.trained_weights(arch, fw), config,
+                                     train_plan, data, 1)
                 run = paths.data_parallel_run(arch, fw)
                 parallel[fw] = Run(run / "train_log.json", run / "trained.safetensors", config, train_plan, data,
                                    dp.workers)
