@@ -44,6 +44,27 @@ def differences(before: dict[str, str], after: dict[str, str]) -> list[str]:
             for key in sorted(before.keys() | after.keys()) if before.get(key) != after.get(key)]
 
 
+def changed_files(old_root: Path, new_root: Path, before: dict[str, str], after: dict[str, str]) -> list[str]:
+    """For each output folder whose hash differs, the files inside it that differ, read from the two DVC caches'
+    .dir manifests (which file changed is what tells a nondeterministic stage apart from a stale expectation)."""
+
+    def manifest(root: Path, md5: str) -> dict[str, str]:
+        path = root / ".dvc/cache/files/md5" / md5[:2] / md5[2:]
+        try:
+            return {entry["relpath"]: entry["md5"] for entry in json.loads(path.read_text())}
+        except (OSError, ValueError):
+            return {}
+
+    lines = []
+    for key in sorted(before.keys() & after.keys()):
+        old, new = before[key], after[key]
+        if old != new and old.endswith(".dir") and new.endswith(".dir"):
+            a, b = manifest(old_root, old), manifest(new_root, new)
+            files = [rel for rel in sorted(a.keys() | b.keys()) if a.get(rel) != b.get(rel)]
+            lines.append(f"{key}: files that differ: {', '.join(files[:20]) or '(manifests not in the caches)'}")
+    return lines
+
+
 def copy_run(source: Path, dest: Path) -> Path:
     """A finished run (work tree, git, DVC cache) copied whole, so a test can change it freely."""
     shutil.copytree(source, dest, symlinks=True)

@@ -256,6 +256,7 @@ def test_stage_environment_inside(monkeypatch):
     assert inside["XLA_FLAGS"].startswith("--xla_cpu_enable_fast_math=false ")
     assert "intra_op_parallelism_threads=2" in inside["XLA_FLAGS"]
     assert inside["OMP_NUM_THREADS"] == inside["TF_NUM_INTRAOP_THREADS"] == inside["ROSETTA_THREADS"] == "2"
+    assert inside["MKL_DYNAMIC"] == "FALSE" and inside["MKL_CBWR"] == "AUTO,STRICT"  # MKL's reproducibility rules
     assert inside["HOME"] == "/tmp" and inside["ROSETTA_ENV"] == "torch" and inside["ROSETTA_VARIANT"] == "cpu"
     for host_only in ("PATH", "VIRTUAL_ENV", "ROSETTA_ENVS_DIR", "ROSETTA_RUNTIME", "ROSETTA_GPUS", "SOME_TOKEN"):
         assert host_only not in inside

@@ -26,6 +26,7 @@ import yaml
 from lineage_support import (
     GIT,
     Kill,
+    changed_files,
     copy_run,
     differences,
     lock_hashes,
@@ -54,7 +55,8 @@ def test_forced_rerun_changes_no_hash(tiny_pipeline: TinyRun, tmp_path: Path) ->
     before = lock_hashes(root, kinds)
     result = sh(["dvc", "repro", "-f"], root, tiny_pipeline.env)
     assert ran_stages(result.stdout) == set(pipeline_stages(root)), "dvc repro -f must run every stage"
-    changed = differences(before, lock_hashes(root, kinds))
+    after = lock_hashes(root, kinds)
+    changed = differences(before, after) + changed_files(root, root, before, after)
     assert not changed, "dvc repro -f changed these hashes in dvc.lock:\n" + "\n".join(changed)
 
 
@@ -111,6 +113,7 @@ def test_killed_repro_resumes_to_the_same_hashes(tiny_pipeline: TinyRun, tmp_pat
     stages = set(pipeline_stages(root))
     expected, got = lock_hashes(tiny_pipeline.root, stages=stages), lock_hashes(root, stages=stages)
     changed = differences(expected, got)
+    changed += changed_files(tiny_pipeline.root, root, expected, got) if changed else []
     deps = differences(lock_hashes(tiny_pipeline.root, ("deps",), stages), lock_hashes(root, ("deps",), stages))
     assert not changed, (
         "outputs whose md5 differs from the uninterrupted run's dvc.lock:\n" + "\n".join(changed)
