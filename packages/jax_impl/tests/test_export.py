@@ -3,6 +3,8 @@ files named in one-line ArtifactErrors, and a training-mode trace told apart fro
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -134,3 +136,26 @@ def test_a_native_export_traced_in_training_mode_is_caught(training_resnet: tupl
     rosetta_jax.export_native(model, tmp_path / "native", images)
     for name, predict in rosetta_jax.load_native(tmp_path / "native").items():
         assert inference_mode_problems(predict, images, NATIVE_ABS) == [], name
+
+
+def test_onnx_export_imports_only_the_jax_and_flax_plugins(tmp_path: Path) -> None:
+    """A fresh process (plugin imports happen once per process): exporting converts with jax2onnx's jax and flax
+    plugins alone. Importing every plugin (jax2onnx's default) built equinox modules at import, ~10 s of XLA
+    compilations per stage; should a jax2onnx release rename the internals export.py uses, this fails while
+    exports still work."""
+    code = f"""
+import sys
+import numpy as np
+import rosetta_jax
+from rosetta_common.testing import asymmetric_weights, small_config
+config = small_config("mlp", {IMAGE_SHAPE!r})
+rosetta_jax.export_onnx(rosetta_jax.build(config, asymmetric_weights(config, 1)), __import__("pathlib").Path(
+    {str(tmp_path / "m.onnx")!r}), np.zeros((2, *{IMAGE_SHAPE!r}), np.float32))
+trees = sorted({{m.split(".")[2] for m in sys.modules if m.startswith("jax2onnx.plugins.") and m.count(".") >= 3}})
+print(trees, "equinox" in sys.modules)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-1] == "False", out.stdout  # equinox never imported
+    assert (tmp_path / "m.onnx").stat().st_size > 0
+    assert "equinox" not in out.stdout.rsplit("]", 1)[0] and "'jax'" in out.stdout, out.stdout
