@@ -181,12 +181,12 @@ def drop_contradicted_shapes(proto: Any) -> Any:
     return proto
 
 
-# The jax2onnx plugin trees our models convert with: jax's primitives and flax's modules.
-PLUGIN_TREES = ("jax", "flax")
+# The jax2onnx plugin trees our models convert with: jax's primitives and flax.nnx's modules.
+PLUGIN_TREES = ("jax", "flax/nnx")
 
 
 def _load_plugins() -> None:
-    """Import only jax2onnx's jax and flax plugins, once per process.
+    """Import only jax2onnx's jax and flax.nnx plugins, once per process.
 
     On its first conversion jax2onnx imports every plugin it ships (import_all_plugins), equinox's and dm_pix's and
     its examples too. Several of those build equinox modules at import, which runs about 70 eager XLA compilations:
@@ -201,7 +201,7 @@ def _load_plugins() -> None:
         return
     root = Path(plugin_system.__file__).parent
     for tree in PLUGIN_TREES:
-        plugin_system._import_tree(root / tree, f"jax2onnx.plugins.{tree}")
+        plugin_system._import_tree(root / tree, "jax2onnx.plugins." + tree.replace("/", "."))
     plugin_system._already_imported_plugins = True
 
 
