@@ -30,10 +30,11 @@ from rosetta_common.training import TrainPlan, dropout_masks
 from rosetta_torch.models import BatchNorm2d as SpecBatchNorm2d
 
 # torch.optim.Adam on CPU takes the single-tensor for-loop path by default (foreach is the default only for
-# CUDA tensors), which is the path rosetta_common.optim's formula is checked against.
+# CUDA tensors): the loop a user writes. rosetta_torch trains with fused=True (see its make_optimizer: the
+# single-tensor path's square root was not reproducible from one process to the next).
 TRICKS = {
     "foreach": "torch.optim.Adam(foreach=True): multi-tensor kernels (default only on CUDA)",
-    "fused": "torch.optim.Adam(fused=True): one fused kernel per step; different rounding from the checked formula",
+    "fused": "torch.optim.Adam(fused=True): one fused kernel per step (what rosetta_torch uses)",
 }
 # What parity makes our train() do that the loop above does not (the plan's batch order costs nothing to mirror:
 # indexing a preloaded tensor is no slower than a DataLoader).

@@ -172,3 +172,25 @@ def test_onnx_agrees_at_the_largest_parity_batch(arch: str, images: np.ndarray, 
     expected = rosetta_torch.predict(model, x)
     bound = TOLERANCES.onnx_vs_native_abs + TOLERANCES.onnx_vs_native_rel * float(np.abs(expected).max())
     assert max_abs_diff(_onnx_predict(tmp_path / "m.onnx")(x), expected) <= bound
+
+
+def test_onnx_exports_share_one_registry_and_match_a_fresh_one(images: np.ndarray, tmp_path: Path) -> None:
+    """export.py reuses torch.onnx's decomposition registry within a process (it was rebuilt on every export,
+    ~1 s each): the exporter's own entry point is back in place afterwards, a registry was kept, and a model
+    exported with the shared registry gives the same bytes as with a registry built for it alone."""
+    from torch.onnx._internal.exporter import _registration
+
+    from rosetta_torch import export
+
+    before = _registration.ONNXRegistry.__dict__["from_torchlib"]
+    config = small_config("cnn")
+    model = rosetta_torch.build(config, asymmetric_weights(config, 3))
+    first, second = tmp_path / "first.onnx", tmp_path / "second.onnx"
+    rosetta_torch.export_onnx(model, first, images)
+    assert export._REGISTRIES, "no registry kept: a torch release moved the internal export.py patches"
+    rosetta_torch.export_onnx(model, second, images)
+    assert _registration.ONNXRegistry.__dict__["from_torchlib"] is before
+    export._REGISTRIES.clear()  # the next export builds its own registry, as torch.onnx does by itself
+    fresh = tmp_path / "fresh.onnx"
+    rosetta_torch.export_onnx(model, fresh, images)
+    assert first.read_bytes() == second.read_bytes() == fresh.read_bytes()

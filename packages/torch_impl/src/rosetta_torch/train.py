@@ -46,12 +46,18 @@ def make_optimizer(model: nn.Module, optimizer: OptimizerSpec, num_steps: int) -
     """torch.optim's Adam / SGD with momentum over the model's trainable parameters: these compute
     rosetta_common.optim's formulas as they are. Frozen parameters (the LSTM's bias_hh, held at zero) are
     left out. The learning rate is constant, so torch needs no `num_steps` (the signature is the contract's,
-    shared by all three packages)."""
+    shared by all three packages).
+
+    Adam is torch's fused kernel (`fused=True`, CPU and CUDA). On the CPU, the default single-tensor Adam takes
+    its square root through MKL's vector math, which is not correctly rounded and, for a tensor large enough to
+    be split over the two threads, now and then rounded one thread's half differently: 5 of 123 fresh processes
+    gave a different mlp after the first step (its 256x64 kernel, one half of it by up to 9e-7), and with it
+    different files. The fused kernel's square root is the exact vector instruction."""
     del num_steps
     params = [p for p in model.parameters() if p.requires_grad]
     if isinstance(optimizer, AdamSpec):
         return torch.optim.Adam(params, lr=optimizer.learning_rate,
-                                betas=(optimizer.beta1, optimizer.beta2), eps=optimizer.epsilon)
+                                betas=(optimizer.beta1, optimizer.beta2), eps=optimizer.epsilon, fused=True)
     if isinstance(optimizer, SGDSpec):
         return torch.optim.SGD(params, lr=optimizer.learning_rate, momentum=optimizer.momentum)
     raise TypeError(f"unknown optimizer spec {optimizer!r}")
