@@ -113,7 +113,7 @@ def test_killed_repro_resumes_to_the_same_hashes(tiny_pipeline: TinyRun, tmp_pat
     stages = set(pipeline_stages(root))
     expected, got = lock_hashes(tiny_pipeline.root, stages=stages), lock_hashes(root, stages=stages)
     changed = differences(expected, got)
-    changed += changed_files(tiny_pipeline.root, root, expected, got) if changed else []
+    changed += changed_files(tiny_pipeline.root, root, expected, got)
     deps = differences(lock_hashes(tiny_pipeline.root, ("deps",), stages), lock_hashes(root, ("deps",), stages))
     assert not changed, (
         "outputs whose md5 differs from the uninterrupted run's dvc.lock:\n" + "\n".join(changed)

@@ -52,7 +52,7 @@ def make_optimizer(model: nn.Module, optimizer: OptimizerSpec, num_steps: int) -
     its square root through MKL's vector math, which is not correctly rounded and, for a tensor large enough to
     be split over the two threads, now and then rounded one thread's half differently: 5 of 123 fresh processes
     gave a different mlp after the first step (its 256x64 kernel, one half of it by up to 9e-7), and with it
-    different files. The fused kernel's square root is the exact vector instruction."""
+    different files. With the fused kernel, 63 of 63 fresh processes gave the same bytes."""
     del num_steps
     params = [p for p in model.parameters() if p.requires_grad]
     if isinstance(optimizer, AdamSpec):
