@@ -12,6 +12,9 @@ Two kinds of record:
   the interpreter, the imports, then each phase in order), so the start-up cost of every stage can be read after
   any run (`StageClock`).
 
+A third, written by `benchmarks/train_throughput.py` (not a stage): `measurements/throughput.json`, our train()
+beside each framework's idiomatic loop; `timings.js` carries its table too, so the report shows it.
+
 Each writer regenerates the aggregate files (`timings.js`, `latency.csv`, `metrics/*.json`) from every
 record present, so they are current whichever stage ran last.
 """
@@ -33,6 +36,7 @@ TIMINGS_JS = ROOT / "timings.js"  # loaded by reports/comparison/report.html as 
 LATENCY_CSV = ROOT / "latency.csv"  # for `dvc plots show`
 METRICS = ROOT / "metrics"  # one flat file per model and framework, for `dvc metrics show`
 STAGES = ROOT / "stages"  # one record per stage: its start-up breakdown and phases
+THROUGHPUT = ROOT / "throughput.json"  # benchmarks/train_throughput.py's last run
 NOT_RUNS = (METRICS.name, STAGES.name)  # folders under ROOT that hold no per-run record
 
 
@@ -65,6 +69,30 @@ def read_stages(root: Path = ROOT) -> dict[str, dict[str, Any]]:
     return {p.stem: rec for p, rec in _read_records(sorted((root / STAGES.name).glob("*.json"))).items()}
 
 
+def throughput_table(root: Path = ROOT) -> dict[str, Any] | None:
+    """The rows of the last training-throughput benchmark (benchmarks/train_throughput.py) as the report shows
+    them, or None if it has not run here (or its file is unreadable)."""
+    try:
+        run = json.loads((root / THROUGHPUT.name).read_text())
+        rows = []
+        for row in run["rows"]:
+            ours, idiomatic = row["loops"]["ours"], row["loops"]["idiomatic"]
+            rows.append({
+                "scale": row["scale"], "framework": row["framework"], "model": row["model"],
+                "samples_per_epoch": ours["samples_per_epoch"],
+                "ours_samples_per_second": ours["steady_samples_per_second"],
+                "idiomatic_samples_per_second": idiomatic["steady_samples_per_second"],
+                "ratio": row["ratio"], "ratio_range": [min(idiomatic["ratio_per_repeat"]),
+                                                       max(idiomatic["ratio_per_repeat"])],
+                "verdict": row["verdict_short"], "why": row["verdict"],
+                "ours_first_epoch_seconds": ours["first_epoch_seconds"],
+                "idiomatic_first_epoch_seconds": idiomatic["first_epoch_seconds"],
+            })
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return {"settings": run.get("settings", {}), "machine": run.get("machine", {}), "rows": rows}
+
+
 def headline(record: dict[str, Any]) -> dict[str, float]:
     """The few figures `dvc metrics show` prints for one run (few columns: the table stays readable)."""
     train = record.get("train", {})
@@ -75,7 +103,8 @@ def _aggregate(root: Path) -> None:
     """Regenerate timings.js, latency.csv and metrics/ from every record present."""
     records, stages = read_all(root), read_stages(root)
     write_text(root / TIMINGS_JS.name, "window.ROSETTA_MEASUREMENTS = " + json.dumps(records, sort_keys=True) + ";\n"
-               + "window.ROSETTA_STAGES = " + json.dumps(stages, sort_keys=True) + ";\n")
+               + "window.ROSETTA_STAGES = " + json.dumps(stages, sort_keys=True) + ";\n"
+               + "window.ROSETTA_THROUGHPUT = " + json.dumps(throughput_table(root), sort_keys=True) + ";\n")
     rows = ["case,native_over_onnx,native_ms,onnx_ms"]
     for key, rec in records.items():
         for r in rec.get("latency", {}).get("results", []):
@@ -84,6 +113,11 @@ def _aggregate(root: Path) -> None:
     write_text(root / LATENCY_CSV.name, "\n".join(rows) + "\n")
     for key, rec in records.items():
         write_text(root / METRICS.name / f"{key.replace('/', '-')}.json", dumps(headline(rec)))
+
+
+def refresh(root: Path = ROOT) -> None:
+    """Regenerate the aggregates from what is under `root` (after benchmarks/train_throughput.py wrote its file)."""
+    _aggregate(root)
 
 
 def write(model: str, framework: str, record: dict[str, Any], root: Path = ROOT) -> None:

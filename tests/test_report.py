@@ -410,7 +410,7 @@ def test_html_renders_offline_in_headless_chromium(failing: Path, tmp_path: Path
 def test_browser_shows_the_measurements_of_this_run(failing: Path, tmp_path: Path) -> None:
     root = tmp_path / "repo"
     shutil.copytree(failing.parent.parent, root)
-    make_measurements(root, skip=(("attention", "jax"),))
+    make_measurements(root, skip=(("attention", "jax"),), throughput=True)
     page = load_in_browser(root / paths.REPORT / "report.html", tmp_path / "report.png")
     assert page["errors"] == []
     assert ABSENT not in page["measurements"]["text"]
@@ -429,6 +429,29 @@ def test_browser_shows_the_measurements_of_this_run(failing: Path, tmp_path: Pat
     tf_stage = next(line for line in text.splitlines() if line.startswith("train_export@tf"))
     assert tf_stage.split("\t")[:5] == ["train_export@tf", "0.13 s", "0.03 s", "0.75 s", "7.25 s"], tf_stage
     assert "mlp.train 3.46 s" in tf_stage and tf_stage.split("\t")[-1] == "30.50 s"
+    # The training-throughput benchmark's table: torch 1408 samples in 0.02 s against 0.025 s, tf 0.05 against 0.04.
+    assert "Training throughput: our train() against each framework's idiomatic loop" in text
+    bench = [line.split("\t") for line in text.splitlines() if line.startswith("digits\t")]
+    assert bench == [
+        ["digits", "torch", "mlp", "1,408", "70,400", "56,320", "1.25x", "1.25\u20131.25", "ok", "0.50 s", "0.50 s"],
+        ["digits", "tf", "mlp", "1,408", "28,160", "35,200", "0.80x", "0.80\u20130.80", "parity cost", "0.50 s",
+         "0.50 s"]], bench
+
+
+def test_throughput_table_is_the_benchmarks_rows_or_none(tmp_path: Path) -> None:
+    """timings.js carries the benchmark's table (null until benchmarks/train_throughput.py has run here)."""
+    from pipelines import measurements
+
+    assert measurements.throughput_table(tmp_path / "measurements") is None
+    root = make_measurements(tmp_path, throughput=True)
+    table = measurements.throughput_table(root)
+    assert table is not None and table["settings"] == {"epochs": 3, "repeats": 2}
+    assert [(r["framework"], round(r["ratio"], 6), r["verdict"]) for r in table["rows"]] == [
+        ("torch", 1.25, "ok"), ("tf", 0.8, "parity cost")]
+    assert "window.ROSETTA_THROUGHPUT = {" in (root / measurements.TIMINGS_JS.name).read_text()
+    (root / measurements.THROUGHPUT.name).unlink()
+    measurements.refresh(root)
+    assert "window.ROSETTA_THROUGHPUT = null;" in (root / measurements.TIMINGS_JS.name).read_text()
 
 
 # --- The new models' parts: BatchNorm running statistics, the form of a recurrent layer, inference mode. ---

@@ -97,6 +97,40 @@
       add(tr, "td", fixed(rec.total_seconds, 2, " s"));
     });
   }
+  // Our train() beside each framework's idiomatic loop (benchmarks/train_throughput.py, measurements/throughput.json).
+  var bench = window.ROSETTA_THROUGHPUT;
+  add(box, "h4", "Training throughput: our train() against each framework's idiomatic loop " +
+    "(benchmarks/train_throughput.py, its last run on this machine)");
+  if (!bench || !bench.rows) {
+    add(box, "p", "Not run on this machine: `.venv/bin/python benchmarks/train_throughput.py` measures it " +
+      "(a few minutes) and the table appears here.", "absent");
+  } else {
+    var bt = add(box, "table");
+    bt.id = "throughput-table";
+    var bh = add(bt, "tr");
+    ["scale", "framework", "model", "samples / epoch", "ours samples/s", "idiomatic samples/s", "ours / idiomatic",
+     "per repeat", "verdict", "ours 1st epoch", "idiomatic 1st epoch"].forEach(
+      function (label, i) { add(bh, "th", label, i < 3 ? "l" : ""); });
+    bench.rows.forEach(function (r) {
+      var tr = add(bt, "tr");
+      add(tr, "td", r.scale, "l");
+      add(tr, "td", r.framework, "l");
+      add(tr, "td", r.model, "l");
+      add(tr, "td", grouped(r.samples_per_epoch));
+      add(tr, "td", grouped(r.ours_samples_per_second));
+      add(tr, "td", grouped(r.idiomatic_samples_per_second));
+      add(tr, "td", fixed(r.ratio, 2, "x"));
+      add(tr, "td", fixed(r.ratio_range[0], 2) + "\u2013" + fixed(r.ratio_range[1], 2));
+      add(tr, "td", r.verdict, "l").title = r.why;
+      add(tr, "td", fixed(r.ours_first_epoch_seconds, 2, " s"));
+      add(tr, "td", fixed(r.idiomatic_first_epoch_seconds, 2, " s"));
+    });
+    var set = bench.settings || {};
+    add(box, "p", "Steady samples/s: samples per epoch over the median epoch time, the first epoch (compilation) " +
+      "left out; " + (set.epochs || "?") + " epochs x " + (set.repeats || "?") + " repeats, the two loops " +
+      "alternating. Above 1, ours is faster. Verdicts: ok (at least 1.0), noise (below, but ours was at least as " +
+      "fast in one repeat), parity cost (below in every repeat; hover for what parity makes ours do).", "note");
+  }
   var first = null;
   runs.forEach(function (run) { first = first || all[run[0] + "/" + run[1]]; });
   var env = (first && first.latency && first.latency.environment) || {};
