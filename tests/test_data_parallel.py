@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rosetta_common.distributed import Cluster
+from rosetta_common.distributed import Cluster, check_port_free
 from rosetta_common.errors import DistributedError
 from rosetta_common.spec import SpecError, parse_spec
 from support import TINY, TinyRun, copy_repo, merge
@@ -40,6 +40,20 @@ def test_bad_data_parallel_params_are_one_line(change: dict, message: str) -> No
         parse_spec(merge(TINY, change))
     assert message in str(error.value)
     assert "\n" not in str(error.value)
+
+
+def test_a_port_that_cannot_be_bound_says_why() -> None:
+    """Taken, or on an address this machine does not have (192.0.2.1, TEST-NET-1: bind() sends nothing)."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(DistributedError, match=f"^port {port} on 127.0.0.1 is already in use "):
+            check_port_free("127.0.0.1", port)
+    with pytest.raises(DistributedError) as error:
+        check_port_free("192.0.2.1", port)
+    assert str(error.value).startswith(f"port {port} on 192.0.2.1 cannot be bound: 192.0.2.1 is not an address "
+                                       "of this machine ("), error.value
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)

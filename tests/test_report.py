@@ -433,8 +433,9 @@ def test_browser_shows_the_measurements_of_this_run(failing: Path, tmp_path: Pat
     assert "Training throughput: our train() against each framework's idiomatic loop" in text
     bench = [line.split("\t") for line in text.splitlines() if line.startswith("digits\t")]
     assert bench == [
-        ["digits", "torch", "mlp", "1,408", "70,400", "56,320", "1.25x", "1.25\u20131.25", "ok", "0.50 s", "0.50 s"],
-        ["digits", "tf", "mlp", "1,408", "28,160", "35,200", "0.80x", "0.80\u20130.80", "parity cost", "0.50 s",
+        ["digits", "torch", "mlp", "1,408", "3", "70,400", "56,320", "1.25x", "1.25\u20131.25", "ok", "0.50 s",
+         "0.50 s"],
+        ["digits", "tf", "mlp", "1,408", "3", "28,160", "35,200", "0.80x", "0.80\u20130.80", "parity cost", "0.50 s",
          "0.50 s"]], bench
 
 

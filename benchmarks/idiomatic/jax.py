@@ -34,9 +34,9 @@ TRICKS = {
 PARITY = {
     "torch_adam": "rosetta_jax's torch_adam instead of optax.adam (torch's bias corrections, computed in float64 on "
                   "the host and looked up per step; optax.adam computes 1 - b2**t in float32, ~1e-5 off)",
-    "shared_masks": "resnet: the step's dropout mask drawn in common (rosetta_common.training.dropout_masks, "
-                    "on the device, indexed per step and passed to the step) multiplied into the pooled features "
-                    "instead of nnx.Dropout drawing from its RNG stream",
+    "shared_masks": "resnet: the step's dropout mask drawn in common (rosetta_common.training.dropout_masks; "
+                    "as our train() does, its numpy row passed to the step with the batch) multiplied into the "
+                    "pooled features instead of nnx.Dropout drawing from its RNG stream",
 }
 ONLY_FOR = {"shared_masks": ("resnet",)}
 
@@ -55,9 +55,9 @@ def train(model: nnx.Module, data: Dataset, batch_size: int, optimizer: AdamSpec
     else:
         tx = optax.sgd(optimizer.learning_rate, momentum=optimizer.momentum)
     masks = None
-    if variant == "shared_masks":  # as our train() does: every step's mask on the device, one row per step
+    if variant == "shared_masks":  # as our train() does: every step's mask, its numpy row moved with the batch
         plan = TrainPlan(model.config.arch, optimizer, epochs, batch_size, seed, len(data.train_labels))
-        masks = jax.device_put(dropout_masks(plan, model.config))
+        masks = dropout_masks(plan, model.config)
     else:
         for _, module in nnx.iter_modules(model):
             if isinstance(module, nnx.Dropout):

@@ -30,6 +30,7 @@ import onnxruntime as ort
 
 from pipelines import measurements, paths
 from pipelines.stages import IMPORTS_STARTED, StageError, stage_main
+from pipelines.stages.train_logs import read_step_losses
 from pipelines.stages.validate_data_parallel import data_parallel_parity
 from rosetta_common.data import load_prepared
 from rosetta_common.errors import RosettaError
@@ -285,14 +286,8 @@ def check_framework(spec: Spec, checks: Checks, arch: str, fw: str, data: Any, b
 
 
 def read_train_log(arch: str, fw: str, expected_steps: int) -> np.ndarray:
-    """The step losses, checked: a list of `expected_steps` finite numbers (what the plan makes the stage take)."""
-    path = paths.train_log(arch, fw)
-    log = read_json(path)
-    losses = np.asarray(log.get("step_losses", []), dtype=np.float64) if isinstance(log, dict) else np.zeros(0)
-    if losses.shape != (expected_steps,) or not np.isfinite(losses).all():
-        raise StageError(f"{path}: step_losses has {losses.size} values (finite: {bool(np.isfinite(losses).all())}), "
-                         f"expected {expected_steps} finite losses")
-    return losses
+    """The step losses of a single-process run, checked (train_logs.read_step_losses)."""
+    return read_step_losses(paths.train_log(arch, fw), expected_steps)
 
 
 def forward_parity(

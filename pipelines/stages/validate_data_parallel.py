@@ -14,13 +14,10 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-import numpy as np
-
 from pipelines import paths
-from pipelines.stages import StageError
+from pipelines.stages.train_logs import read_step_losses
 from rosetta_common.data import Dataset
 from rosetta_common.errors import RosettaError
-from rosetta_common.io import read_json
 from rosetta_common.metrics import accuracy, max_abs_diff, relative_diff, softmax_cross_entropy
 from rosetta_common.reference import forward
 from rosetta_common.spec import ModelConfig, Spec
@@ -33,14 +30,7 @@ class Run:
 
     def __init__(self, log_path: Any, weights_path: Any, config: ModelConfig, train_plan: TrainPlan,
                  data: Dataset, workers: int) -> None:
-        log = read_json(log_path)
-        losses = np.asarray(log.get("step_losses", []) if isinstance(log, dict) else [], dtype=np.float64)
-        if losses.shape != (train_plan.num_steps,) or not np.isfinite(losses).all():
-            raise StageError(f"{log_path}: step_losses has {losses.size} values, expected {train_plan.num_steps} "
-                             "finite losses")
-        if int(log.get("workers", 1)) != workers:
-            raise StageError(f"{log_path}: workers = {log.get('workers', 1)}, expected {workers}")
-        self.losses = losses
+        self.losses = read_step_losses(log_path, train_plan.num_steps, workers)
         self.weights: Weights = load_weights(weights_path, config)
         logits = forward(config, self.weights, data.test_images)
         self.test_loss = softmax_cross_entropy(logits, data.test_labels)

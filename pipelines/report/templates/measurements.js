@@ -108,7 +108,7 @@
     var bt = add(box, "table");
     bt.id = "throughput-table";
     var bh = add(bt, "tr");
-    ["scale", "framework", "model", "samples / epoch", "ours samples/s", "idiomatic samples/s", "ours / idiomatic",
+    ["scale", "framework", "model", "samples / epoch", "epochs", "ours samples/s", "idiomatic samples/s", "ours / idiomatic",
      "per repeat", "verdict", "ours 1st epoch", "idiomatic 1st epoch"].forEach(
       function (label, i) { add(bh, "th", label, i < 3 ? "l" : ""); });
     bench.rows.forEach(function (r) {
@@ -117,6 +117,7 @@
       add(tr, "td", r.framework, "l");
       add(tr, "td", r.model, "l");
       add(tr, "td", grouped(r.samples_per_epoch));
+      add(tr, "td", grouped(r.epochs));
       add(tr, "td", grouped(r.ours_samples_per_second));
       add(tr, "td", grouped(r.idiomatic_samples_per_second));
       add(tr, "td", fixed(r.ratio, 2, "x"));
@@ -127,8 +128,8 @@
     });
     var set = bench.settings || {};
     add(box, "p", "Steady samples/s: samples per epoch over the median epoch time, the first epoch (compilation) " +
-      "left out; " + (set.epochs || "?") + " epochs x " + (set.repeats || "?") + " repeats, the two loops " +
-      "alternating. Above 1, ours is faster. Verdicts: ok (at least 1.0), noise (below, but ours was at least as " +
+      "left out; " + (set.repeats || "?") + " repeats of each loop, alternating, each of the case's epochs " +
+      "(more where the steady epochs would be short). Above 1, ours is faster. Verdicts: ok (at least 1.0), noise (below, but ours was at least as " +
       "fast in one repeat), parity cost (below in every repeat; hover for what parity makes ours do).", "note");
   }
   var first = null;

@@ -18,6 +18,7 @@ takes the single-process step, up to float32 summation order.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
@@ -150,13 +151,16 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
 
 
 def check_port_free(host: str, port: int) -> None:
-    """A one-line error if `port` on `host` is already taken (before a worker fails on it less clearly)."""
+    """A one-line error if `port` on `host` cannot be bound (before a worker fails on it less clearly), saying why:
+    taken, not allowed, or `host` not an address of this machine."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         try:
             s.bind((host, port))
         except OSError as error:
-            raise DistributedError(f"port {port} on {host} is already in use ({error.strerror}); "
-                                   "free it or choose another (data_parallel.port)") from None
+            why = {errno.EADDRINUSE: "is already in use", errno.EACCES: "may not be bound by this user",
+                   errno.EADDRNOTAVAIL: f"cannot be bound: {host} is not an address of this machine"}
+            raise DistributedError(f"port {port} on {host} {why.get(error.errno, 'cannot be bound')} "
+                                   f"({error.strerror}); free it or choose another (data_parallel.port)") from None
 
 
 # BatchNorm normalizes each worker's rows with their own statistics, not the global batch's: data-parallel
