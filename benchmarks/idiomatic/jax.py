@@ -29,7 +29,8 @@ from rosetta_common.training import TrainPlan, dropout_masks
 
 TRICKS = {
     "donate": "jax.jit(donate_argnums=(0, 1, 2)): parameters, other state and optimizer state updated in place "
-              "(numerically neutral, so parity allows it; not in Flax's basic examples)",
+              "(numerically neutral, so parity allows it; not in Flax's basic examples; our train() leaves it out: "
+              "faster for the digits mlp, 0.84x for the lstm, measured)",
 }
 PARITY = {
     "torch_adam": "rosetta_jax's torch_adam instead of optax.adam (torch's bias corrections, computed in float64 on "
