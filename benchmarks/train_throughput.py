@@ -32,11 +32,10 @@ Reported per framework, scale and model:
   alone (PARITY: e.g. torch's Adam formula, the resnet's shared dropout masks; those a loop's ONLY_FOR names
   only for their models), and ours / that.
 
-Defaults keep the whole run to a few minutes on 2 shared cores: 3 epochs (2 steady; more, up to 40, where
+Defaults keep the whole run to about ten minutes on 2 shared cores: 3 epochs (2 steady; more, up to 40, where
 those would take under --min-steady-seconds, 0.5 s: an unrecorded run of ours measures the epoch first) x 3
-repeats, one thread per
-runtime (--threads; see DEFAULT_THREADS), and the slow models on a subset of their training images (--limit; see
-DEFAULT_LIMITS).
+repeats, one thread per runtime (--threads; see DEFAULT_THREADS), and the slow models on a subset of their
+training images (--limit; see DEFAULT_LIMITS).
 
 Writes measurements/throughput.json (measurements/ is git- and DVC-ignored: timings are not lineage) and
 regenerates measurements/timings.js, so the report page's measurements section shows the table.

@@ -90,7 +90,7 @@ def throughput_table(root: Path = ROOT) -> dict[str, Any] | None:
             })
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return {"settings": run.get("settings", {}), "machine": run.get("machine", {}), "rows": rows}
+    return {"settings": run.get("settings", {}), "rows": rows}
 
 
 def headline(record: dict[str, Any]) -> dict[str, float]:
@@ -99,8 +99,8 @@ def headline(record: dict[str, Any]) -> dict[str, float]:
     return {key: round(float(train[key]), 3) for key in ("train_seconds", "steady_samples_per_second") if key in train}
 
 
-def _aggregate(root: Path) -> None:
-    """Regenerate timings.js, latency.csv and metrics/ from every record present."""
+def refresh(root: Path = ROOT) -> None:
+    """Regenerate timings.js, latency.csv and metrics/ from every record present (and the benchmark's table)."""
     records, stages = read_all(root), read_stages(root)
     write_text(root / TIMINGS_JS.name, "window.ROSETTA_MEASUREMENTS = " + json.dumps(records, sort_keys=True) + ";\n"
                + "window.ROSETTA_STAGES = " + json.dumps(stages, sort_keys=True) + ";\n"
@@ -115,21 +115,16 @@ def _aggregate(root: Path) -> None:
         write_text(root / METRICS.name / f"{key.replace('/', '-')}.json", dumps(headline(rec)))
 
 
-def refresh(root: Path = ROOT) -> None:
-    """Regenerate the aggregates from what is under `root` (after benchmarks/train_throughput.py wrote its file)."""
-    _aggregate(root)
-
-
 def write(model: str, framework: str, record: dict[str, Any], root: Path = ROOT) -> None:
     """Write one model's measurements, then regenerate the aggregates from every record present."""
     write_text(record_path(model, framework, root), dumps(record))
-    _aggregate(root)
+    refresh(root)
 
 
 def write_stage(record: dict[str, Any], root: Path = ROOT) -> None:
     """Write one stage's record (StageClock.record), then regenerate the aggregates."""
     write_text(stage_path(record["stage"], root), dumps(record))
-    _aggregate(root)
+    refresh(root)
 
 
 # ---- where a stage's wall time goes ----------------------------------------------------------------------------

@@ -103,13 +103,13 @@
     "(benchmarks/train_throughput.py, its last run on this machine)");
   if (!bench || !bench.rows) {
     add(box, "p", "Not run on this machine: `.venv/bin/python benchmarks/train_throughput.py` measures it " +
-      "(a few minutes) and the table appears here.", "absent");
+      "(about ten minutes) and the table appears here.", "absent");
   } else {
     var bt = add(box, "table");
     bt.id = "throughput-table";
     var bh = add(bt, "tr");
-    ["scale", "framework", "model", "samples / epoch", "epochs", "ours samples/s", "idiomatic samples/s", "ours / idiomatic",
-     "per repeat", "verdict", "ours 1st epoch", "idiomatic 1st epoch"].forEach(
+    ["scale", "framework", "model", "samples / epoch", "epochs", "ours samples/s", "idiomatic samples/s",
+     "ours / idiomatic", "per repeat", "verdict", "ours 1st epoch", "idiomatic 1st epoch"].forEach(
       function (label, i) { add(bh, "th", label, i < 3 ? "l" : ""); });
     bench.rows.forEach(function (r) {
       var tr = add(bt, "tr");
@@ -129,8 +129,9 @@
     var set = bench.settings || {};
     add(box, "p", "Steady samples/s: samples per epoch over the median epoch time, the first epoch (compilation) " +
       "left out; " + (set.repeats || "?") + " repeats of each loop, alternating, each of the case's epochs " +
-      "(more where the steady epochs would be short). Above 1, ours is faster. Verdicts: ok (at least 1.0), noise (below, but ours was at least as " +
-      "fast in one repeat), parity cost (below in every repeat; hover for what parity makes ours do).", "note");
+      "(more where the steady epochs would be short). Above 1, ours is faster. Verdicts: ok (at least 1.0), " +
+      "noise (below, but ours was at least as fast in one repeat), parity cost (below in every repeat; hover " +
+      "for what parity makes ours do).", "note");
   }
   var first = null;
   runs.forEach(function (run) { first = first || all[run[0] + "/" + run[1]]; });
