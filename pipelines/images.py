@@ -29,7 +29,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from pipelines.containers import Engine, image_labels, image_name, log, probe, select_engine
-from pipelines.environments import ENVIRONMENTS, PYTHON_VERSION, REPO_ROOT, VARIANTS, find_links, lock_path, lock_sha256
+from pipelines.environments import (
+    ENVIRONMENTS,
+    PYTHON_VERSION,
+    REPO_ROOT,
+    VARIANTS,
+    find_links,
+    lock_path,
+    lock_sha256,
+    torch_cpu_index,
+)
 
 RECIPE = REPO_ROOT / "containers" / "rosetta.Dockerfile"
 WHEELHOUSE = RECIPE.parent / "wheelhouse"  # git-ignored; one build context per image: requirements.lock + wheels/
@@ -201,7 +210,7 @@ def wheelhouse(env: str, variant: str, cache: bool = True) -> Path:
     if links:
         cmd += ["--find-links", links]
     elif env == "torch" and variant == "cpu":
-        cmd += ["--extra-index-url", "https://download.pytorch.org/whl/cpu"]  # where the +cpu wheel lives
+        cmd += ["--extra-index-url", torch_cpu_index()]  # where the +cpu wheel lives
     log(f"wheelhouse {context.relative_to(REPO_ROOT)} from {lock.relative_to(REPO_ROOT)}")
     subprocess.run([*cmd, "-r", str(lock), "-d", str(wheels)], check=True)
     wanted = lock_hashes(lock)

@@ -22,7 +22,16 @@ import sys
 import tempfile
 from pathlib import Path
 
-from pipelines.environments import ENVIRONMENTS, PLATFORM, PYTHON_VERSION, REPO_ROOT, VARIANTS, find_links, lock_path
+from pipelines.environments import (
+    ENVIRONMENTS,
+    PLATFORM,
+    PYTHON_VERSION,
+    REPO_ROOT,
+    VARIANTS,
+    find_links,
+    lock_path,
+    torch_cpu_index,
+)
 
 PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\+]+)", re.MULTILINE)
 
@@ -62,7 +71,7 @@ def compile_lock(env: str, variant: str) -> Path:
         # The CPU build of torch ("+cpu") lives on PyTorch's CPU index or a local wheel folder.
         cmd += ["--find-links", links]
     if env == "torch" and variant == "cpu" and not links:
-        cmd += ["--extra-index-url", "https://download.pytorch.org/whl/cpu", "--index-strategy", "unsafe-best-match"]
+        cmd += ["--extra-index-url", torch_cpu_index(), "--index-strategy", "unsafe-best-match"]
     with tempfile.NamedTemporaryFile("w", prefix=f"rosetta-{env}-cpu-pins-", suffix=".txt") as constraints:
         if variant == "cuda":
             constraints.write(cpu_constraints(env))

@@ -32,6 +32,7 @@ from pipelines.environments import (
     lock_path,
     lock_sha256,
     stage_environment,
+    torch_cpu_index,
 )
 
 RUNTIMES = ("local", "container")
@@ -65,6 +66,26 @@ def _exclusive(path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def wheel_sources(env: str, variant: str) -> list[str]:
+    """uv's options for where wheels come from, besides its default index (PyPI). A configured find-links
+    (ROSETTA_FIND_LINKS, UV_FIND_LINKS, PIP_FIND_LINKS, pip's global.find-links) comes first; without one, the torch
+    CPU lock's `+cpu` torch comes from PyTorch's CPU index (environments.torch_cpu_index), searched beside the
+    default index (unsafe-best-match: every pin is exact and hash-checked, so each wheel is the one the lock names,
+    wherever it is found). Says where torch comes from, in one line."""
+    links = find_links()
+    if links:
+        if env == "torch":
+            print(f"[rosetta] {env}-{variant}: torch from the configured find-links {links} (else the default index)",
+                  file=sys.stderr)
+        return ["--find-links", links]
+    if env == "torch" and variant == "cpu":
+        index = torch_cpu_index()
+        print(f"[rosetta] {env}-{variant}: torch's CPU wheel from {index} (no find-links configured; "
+              f"ROSETTA_TORCH_INDEX or ROSETTA_FIND_LINKS changes it)", file=sys.stderr)
+        return ["--index", index, "--index-strategy", "unsafe-best-match"]
+    return []
+
+
 def ensure_env(env: str, variant: str = "cpu") -> Path:
     """Return the environment's folder, building it from its lock if it is missing or stale."""
     if env not in ENVIRONMENTS:
@@ -82,9 +103,7 @@ def ensure_env(env: str, variant: str = "cpu") -> Path:
         shutil.rmtree(target, ignore_errors=True)
         uv = [sys.executable, "-m", "uv"]
         install = [*uv, "pip", "sync", "--require-hashes", "--python", str(target / "bin" / "python"), str(lock)]
-        links = find_links()
-        if links:
-            install += ["--find-links", links]
+        install += wheel_sources(env, variant)
         for step in ([*uv, "venv", "--quiet", "--python", sys.executable, str(target)], install):
             code = subprocess.run(step, check=False).returncode  # uv prints its own reason above
             if code != 0:

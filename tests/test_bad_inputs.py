@@ -29,6 +29,7 @@ from safetensors.numpy import save as save_safetensors
 
 from integrity_support import (
     DATA,
+    PY,
     VALIDATE,
     env_without,
     fingerprint,
@@ -227,6 +228,11 @@ def case(id: str, damage: Damage, command: list[str], expect: str, **kw: Any) ->
 INIT = init("mlp")
 TRAIN = train_export("jax", "mlp")  # the jax stage for mlp alone: jax starts fastest of the three frameworks
 NO_CHANGE: Damage = lambda ws: None  # noqa: E731
+# jax's stage and data-parallel worker, each started in another framework's environment
+WRONG_ENV_TRAIN = [PY, "-m", "pipelines.runner", "torch", "--", "python", "-m", "pipelines.stages.train_export",
+                   "jax", "mlp"]
+WRONG_ENV_DP_WORKER = [PY, "-m", "pipelines.runner", "validation", "--", "python", "-m",
+                       "pipelines.stages.train_dp_worker", "jax"]
 
 ERROR_CASES = [
     # params.yaml, read by the data stage (the first to validate it)
@@ -280,6 +286,25 @@ ERROR_CASES = [
          r"^artifacts/init/mlp\.safetensors: not a readable safetensors file"),
     case("weights-wrong-architecture", other_model_init("mlp", "cnn"), TRAIN,
          r"^artifacts/init/mlp\.safetensors: architecture 'cnn', expected 'mlp'"),
+    # export.validation_batch_size beyond the test split, refused by every stage that takes the batch (before the
+    # framework is imported or anything is written)
+    case("params-validation-batch-too-large",
+         params_edit(lambda p: p["export"].update(validation_batch_size=100000)), TRAIN,
+         r"^params\.yaml: export\.validation_batch_size = 100000: must be at most \d+, the number of test images "
+         r"of the prepared data"),
+    case("params-validation-batch-too-large-validate",
+         params_edit(lambda p: p["export"].update(validation_batch_size=100000)), VALIDATE,
+         r"^params\.yaml: export\.validation_batch_size = 100000: must be at most \d+"),
+    # a framework's stage started in another environment: named, before its framework is imported
+    case("stage-in-other-environment", NO_CHANGE, WRONG_ENV_TRAIN,
+         r"^train_export jax must run in the jax environment \(python -m pipelines\.runner jax -- \.\.\.\); "
+         r"this is the torch environment$"),
+    case("stage-by-hand-without-framework", NO_CHANGE, [PY, "-m", "pipelines.stages.train_export", "jax", "mlp"],
+         r"^train_export jax must run in the jax environment \(python -m pipelines\.runner jax -- \.\.\.\); "
+         r"this interpreter \(\S+\) cannot import jax$", env={"ROSETTA_ENV": ""}),
+    case("dp-worker-in-other-environment", NO_CHANGE, WRONG_ENV_DP_WORKER,
+         r"^train_dp_worker jax must run in the jax environment \(python -m pipelines\.runner jax -- \.\.\.\); "
+         r"this is the validation environment$"),
     # a run that diverges: it must name the step and publish nothing (the old run folder stays as it was)
     case("training-diverges",
          params_edit(lambda p: p["optimizers"]["adam"]["learning_rate"].update(mlp=1e30)), TRAIN,

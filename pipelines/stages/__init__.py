@@ -42,9 +42,39 @@ def check_model(spec: Spec, model: str) -> None:
         )
 
 
-def framework_stage_args(argv: list[str], doc: str) -> tuple[str, list[str], Spec]:
+# The module each framework's environment is the one to import: what a hand-built environment is checked by.
+FRAMEWORK_MODULES = {"torch": "torch", "tf": "tensorflow", "jax": "jax"}
+
+
+def check_environment(stage: str, framework: str) -> None:
+    """StageError (one line naming the environment to use) unless this process runs in `framework`'s environment:
+    checked before the framework is imported or anything is written. The runner sets ROSETTA_ENV in every stage's
+    environment; without it (a stage started by hand) the framework and its package must be importable here."""
+    import importlib.util
+    import os
+
+    from rosetta_common.interface import BACKEND_MODULES
+
+    needed = (f"{stage} {framework} must run in the {framework} environment "
+              f"(python -m pipelines.runner {framework} -- ...)")
+    current = os.environ.get("ROSETTA_ENV")
+    if current:
+        if current != framework:
+            raise StageError(f"{needed}; this is the {current} environment")
+        return
+    for module in (FRAMEWORK_MODULES[framework], BACKEND_MODULES[framework]):
+        try:
+            found = importlib.util.find_spec(module)
+        except (ImportError, ValueError):
+            found = None
+        if found is None:
+            raise StageError(f"{needed}; this interpreter ({sys.executable}) cannot import {module}")
+
+
+def framework_stage_args(argv: list[str], doc: str, stage: str) -> tuple[str, list[str], Spec]:
     """Parse `<framework> [<model> ...]` for a per-framework stage (no model: every model in params.yaml, in its
-    order) and load params.yaml, which is validated (models included) before the stage writes anything."""
+    order), check that it runs in that framework's environment (check_environment), and load params.yaml, which is
+    validated (models included) before the stage writes anything."""
     from pipelines import paths
     from rosetta_common.interface import BACKEND_MODULES
     from rosetta_common.spec import load_spec
@@ -53,6 +83,7 @@ def framework_stage_args(argv: list[str], doc: str) -> tuple[str, list[str], Spe
     parser.add_argument("framework", choices=list(BACKEND_MODULES))
     parser.add_argument("models", nargs="*", metavar="model", help="default: every model in params.yaml")
     args = parser.parse_args(argv)
+    check_environment(stage, args.framework)
     spec = load_spec(paths.PARAMS)
     for model in args.models:
         check_model(spec, model)

@@ -18,7 +18,7 @@ from contextlib import nullcontext
 from pathlib import Path
 
 from pipelines import measurements, paths
-from pipelines.stages import IMPORTS_STARTED, stage_main
+from pipelines.stages import IMPORTS_STARTED, check_environment, stage_main
 from pipelines.stages.backend import load_backend
 from pipelines.stages.train_export import load_jobs, record_training, steady_samples_per_second
 from rosetta_common.data import load_prepared
@@ -34,6 +34,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("framework", choices=list(BACKEND_MODULES))
     fw = parser.parse_args(argv).framework
+    check_environment("train_dp_worker", fw)  # before the framework is imported or anything is written
     clock = measurements.StageClock(f"train_dp@{fw}", IMPORTS_STARTED)
     spec = load_spec(paths.PARAMS)
     cluster = Cluster.from_environment(fw)

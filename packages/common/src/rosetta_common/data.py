@@ -55,7 +55,15 @@ class Dataset:
         return int(max(self.train_labels.max(), self.test_labels.max())) + 1
 
     def validation_batch(self, size: int) -> np.ndarray:
-        """The fixed batch on which every exported model's logits are compared: the first test images."""
+        """The fixed batch on which every exported model's logits are compared: the first `size` test images.
+        SpecError (params.yaml's export.validation_batch_size) if the test split has fewer: a shorter batch
+        would be taken silently. Every stage that takes the batch calls this while it checks its inputs."""
+        available = len(self.test_images)
+        if size > available:
+            raise SpecError(
+                f"params.yaml: export.validation_batch_size = {size}: must be at most {available}, "
+                f"the number of test images of the prepared data"
+            )
         return self.test_images[:size]
 
 
