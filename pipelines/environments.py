@@ -87,6 +87,16 @@ def find_links() -> str | None:
     return value.split()[0] if out.returncode == 0 and value else None
 
 
+# Where the torch CPU lock's `torch==...+cpu` comes from when no find-links is configured: PyTorch's own CPU index
+# (PyPI's Linux torch is the CUDA build). ROSETTA_TORCH_INDEX names another (a mirror; the tests' loopback index).
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+
+
+def torch_cpu_index() -> str:
+    """TORCH_CPU_INDEX, or ROSETTA_TORCH_INDEX where it is set: the runner and the image builder both ask it."""
+    return os.environ.get("ROSETTA_TORCH_INDEX") or TORCH_CPU_INDEX
+
+
 # Every framework computes with this many CPU threads, whatever the machine has: reductions split across threads
 # round differently (torch on 1 and 2 threads differed by 2.4e-7 in the loss), so bits and parity must not depend
 # on the core count. 2 is the reference machine's; ROSETTA_THREADS changes it (and, with it, the last bits).
@@ -102,13 +112,34 @@ def thread_environment(base: dict[str, str]) -> dict[str, str]:
     xla = base.get("XLA_FLAGS", "")
     if "intra_op_parallelism_threads" not in xla:
         xla = f"{xla} --xla_cpu_multi_thread_eigen=true intra_op_parallelism_threads={value}".strip()
+    # XLA's cap, whatever the caller's XLA_FLAGS say (as every pin below: a cap set elsewhere must not move bytes).
+    xla = " ".join([*(f for f in xla.split() if not f.startswith("--xla_cpu_max_isa")),
+                    f"--xla_cpu_max_isa={ISA_FLOOR}"])
     # MKL (torch's BLAS) by Intel's own rules for reproducible results ("conditional numerical reproducibility"):
     # MKL_DYNAMIC off, so that a call always runs on the threads asked for, and one code path whatever the memory
-    # alignment. It costs nothing measurable here (torch epochs of mlp, cnn and attention side by side: within
-    # noise). The one run-to-run difference found in torch came from elsewhere: see rosetta_torch.make_optimizer.
-    return {"ROSETTA_THREADS": value, "OMP_NUM_THREADS": value, "MKL_NUM_THREADS": value,
-            "MKL_DYNAMIC": "FALSE", "MKL_CBWR": "AUTO,STRICT",
-            "TF_NUM_INTRAOP_THREADS": value, "TF_NUM_INTEROP_THREADS": value, "XLA_FLAGS": xla}
+    # alignment; the code path is the floor's (ISA_PINS). It costs nothing measurable here (torch epochs of mlp, cnn
+    # and attention side by side: within noise). The one run-to-run difference found in torch came from elsewhere:
+    # see rosetta_torch.make_optimizer.
+    return {"ROSETTA_THREADS": value, "OMP_NUM_THREADS": value, "MKL_NUM_THREADS": value, "MKL_DYNAMIC": "FALSE",
+            "TF_NUM_INTRAOP_THREADS": value, "TF_NUM_INTEROP_THREADS": value, "XLA_FLAGS": xla, **ISA_PINS}
+
+
+# Every runtime that picks its kernels by the CPU's instruction sets is held to the floor of the machines this project
+# targets, so that the same code, params, locks and data give the same bytes on any x86-64 CPU with AVX2 (an AVX-512
+# CPU otherwise runs other kernels: other last bits, and training that parts elsewhere). benchmarks/isa_pins.py
+# measures, per runtime, that the switch is read (a cap below the floor changes that framework's bytes) and what the
+# cap costs. XLA's cap is in thread_environment's XLA_FLAGS. ONNX Runtime's MLAS has no such switch: README.md,
+# "Lineage", says which outputs depend on it.
+ISA_FLOOR = "AVX2"
+ISA_PINS = {
+    "ONEDNN_MAX_CPU_ISA": ISA_FLOOR,  # oneDNN: torch's convolutions, TF's convolutions and matmuls, XLA's calls to it
+    "MKL_CBWR": f"{ISA_FLOOR},STRICT",  # MKL (torch's BLAS): the floor's code path, by Intel's reproducibility rules
+    "OPENBLAS_CORETYPE": "Haswell",  # numpy's OpenBLAS (the validator's float64 reference): the AVX2 kernels
+}
+# A cap above what a CPU has changes nothing there; the one pin that would not run below the floor is OpenBLAS's
+# (Haswell kernels need AVX2), so a CPU without AVX2 keeps its own choice (and its own last bits).
+if Path("/proc/cpuinfo").is_file() and " avx2" not in Path("/proc/cpuinfo").read_text():
+    del ISA_PINS["OPENBLAS_CORETYPE"]
 
 
 def installed_versions(names: list[str]) -> dict[str, str]:

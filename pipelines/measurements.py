@@ -37,6 +37,7 @@ LATENCY_CSV = ROOT / "latency.csv"  # for `dvc plots show`
 METRICS = ROOT / "metrics"  # one flat file per model and framework, for `dvc metrics show`
 STAGES = ROOT / "stages"  # one record per stage: its start-up breakdown and phases
 THROUGHPUT = ROOT / "throughput.json"  # benchmarks/train_throughput.py's last run
+CPU = ROOT / "cpu.json"  # the CPU these measurements (and this run's last bits) came from
 NOT_RUNS = (METRICS.name, STAGES.name)  # folders under ROOT that hold no per-run record
 
 
@@ -93,6 +94,32 @@ def throughput_table(root: Path = ROOT) -> dict[str, Any] | None:
     return {"settings": run.get("settings", {}), "rows": rows}
 
 
+# The instruction sets that decide which kernels oneDNN, MKL, XLA, OpenBLAS and ONNX Runtime's MLAS run (and so
+# the last bits of what they compute), in the order a CPU gains them.
+ISA_FLAGS = ("sse4_2", "avx", "fma", "avx2", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
+             "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8")
+
+
+def cpu(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, Any]:
+    """This machine's CPU model, logical cores and the instruction sets above that it has (Linux; elsewhere the
+    model from platform and no flags)."""
+    import platform
+
+    model, flags = platform.processor() or platform.machine(), set()
+    try:
+        for line in cpuinfo.read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                model = value.strip()
+            elif key.strip() == "flags":
+                flags = set(value.split())
+                break  # every core lists the same
+    except OSError:
+        pass
+    return {"model": model, "logical_cores": os.cpu_count(), "isa": [f for f in ISA_FLAGS if f in flags],
+            "machine": platform.machine()}
+
+
 def headline(record: dict[str, Any]) -> dict[str, float]:
     """The few figures `dvc metrics show` prints for one run (few columns: the table stays readable)."""
     train = record.get("train", {})
@@ -100,10 +127,13 @@ def headline(record: dict[str, Any]) -> dict[str, float]:
 
 
 def refresh(root: Path = ROOT) -> None:
-    """Regenerate timings.js, latency.csv and metrics/ from every record present (and the benchmark's table)."""
-    records, stages = read_all(root), read_stages(root)
+    """Regenerate timings.js, latency.csv and metrics/ from every record present (and the benchmark's table), and
+    cpu.json: the CPU they were measured on."""
+    records, stages, machine = read_all(root), read_stages(root), cpu()
+    write_text(root / CPU.name, dumps(machine))
     write_text(root / TIMINGS_JS.name, "window.ROSETTA_MEASUREMENTS = " + json.dumps(records, sort_keys=True) + ";\n"
                + "window.ROSETTA_STAGES = " + json.dumps(stages, sort_keys=True) + ";\n"
+               + "window.ROSETTA_CPU = " + json.dumps(machine, sort_keys=True) + ";\n"
                + "window.ROSETTA_THROUGHPUT = " + json.dumps(throughput_table(root), sort_keys=True) + ";\n")
     rows = ["case,native_over_onnx,native_ms,onnx_ms"]
     for key, rec in records.items():
@@ -153,6 +183,40 @@ def _runner_started() -> float | None:
     return process_started(parent) if b"pipelines.runner" in command else None
 
 
+# A test-only hook (tests/test_lineage.py's kill test): hold a stage at a named point until it is killed, so that a
+# kill lands at that moment whatever the machine's speed. ROSETTA_TEST_HOLD is "<stage>:<point>#<n>": hold the n-th
+# process of that stage (train_export, never train_export@torch: which framework runs n-th is DVC's choice) that
+# reaches the point, counted in the file ROSETTA_TEST_HOLD_COUNT. A point is a boundary of StageClock's phases:
+# "after:<lap>" (when a lap ends; after:inputs is just before the framework import) or "before:<phase>" (a phase
+# block starting; a model's phases match without the model: before:train is any model's training). Unset, it costs
+# one dictionary look-up per phase and changes nothing the stage computes or writes.
+HOLD = "ROSETTA_TEST_HOLD"
+HOLD_COUNT = "ROSETTA_TEST_HOLD_COUNT"
+HOLD_SECONDS = 600.0  # a hold nobody kills ends the stage with an error rather than hanging the test run
+
+
+def _hold(stage: str, point: str) -> None:
+    wanted = os.environ.get(HOLD)
+    if not wanted:
+        return
+    where, _, nth = wanted.partition("#")
+    want_stage, _, want_point = where.partition(":")
+    kind, _, name = point.partition(":")
+    if stage.split("@")[0] != want_stage or want_point not in (point, f"{kind}:{name.split('.', 1)[-1]}"):
+        return
+    counter = Path(os.environ[HOLD_COUNT])
+    seen = counter.read_text().split() if counter.is_file() else []
+    if str(os.getpid()) in seen:
+        return  # this process already took its turn at this point (a later model reaching it again)
+    seen.append(str(os.getpid()))
+    counter.write_text("\n".join(seen) + "\n")  # stages run one at a time under DVC: no concurrent writer
+    if len(seen) != int(nth or 1):
+        return
+    print(f"[rosetta] test hold: {stage} at {point} (pid {os.getpid()}), waiting to be killed", flush=True)
+    time.sleep(HOLD_SECONDS)
+    raise SystemExit(f"error: {HOLD}={wanted}: held {HOLD_SECONDS:.0f} s at {point} and nobody killed {stage}")
+
+
 class StageClock:
     """Wall-clock breakdown of one stage process: the runner (when it launched us), the interpreter's own start,
     the imports before `main`, then named phases in order (`lap` ends the phase running since the last lap;
@@ -171,11 +235,13 @@ class StageClock:
         now = time.time()
         seconds = now - self.last
         self.phases[name] = self.phases.get(name, 0.0) + seconds
-        self.last = now
+        _hold(self.stage, f"after:{name}")
+        self.last = time.time()
         return seconds
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
+        _hold(self.stage, f"before:{name}")
         self.last = time.time()
         try:
             yield

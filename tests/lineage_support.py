@@ -90,13 +90,26 @@ def rwlock_entries(root: Path) -> int | None:
     return len(lock.get("read", {})) + len(lock.get("write", {}))
 
 
+# What a held stage prints (pipelines.measurements._hold): the kill comes as soon as it is read.
+HELD = r"^\[rosetta\] test hold: "
+
+
 class Kill(NamedTuple):
-    """When to kill: `delay` seconds after the `occurrence`-th line of `dvc repro`'s output matching `pattern`."""
+    """When to kill: `delay` seconds after the `occurrence`-th line of `dvc repro`'s output matching `pattern`.
+
+    With `hold` ("<stage>:<point>#<n>", pipelines.measurements' ROSETTA_TEST_HOLD), the stage waits at that point
+    until it is killed, so the kill lands there on a machine of any speed; a moment inside DVC's own work (no stage
+    of ours to hold) is keyed to DVC's output line alone."""
 
     moment: str
     pattern: str
     occurrence: int
     delay: float
+    hold: str = ""
+
+    @classmethod
+    def held(cls, moment: str, hold: str) -> Kill:
+        return cls(moment, HELD, 1, 0.0, hold)
 
 
 class KillEvent(NamedTuple):
@@ -111,8 +124,13 @@ class KillEvent(NamedTuple):
 
 def repro_and_kill(root: Path, env: dict[str, str], kill: Kill, limit: float = 900) -> KillEvent:
     """Start `dvc repro` in its own session; SIGKILL its process group at the moment `kill` names."""
+    hold = {}
+    if kill.hold:
+        counter = root / ".dvc/tmp/test-hold-count"
+        counter.unlink(missing_ok=True)  # a fresh count for each run: "#2" is the second process of this run
+        hold = {"ROSETTA_TEST_HOLD": kill.hold, "ROSETTA_TEST_HOLD_COUNT": str(counter)}
     proc = subprocess.Popen(
-        ["dvc", "repro"], cwd=root, env={**env, "PYTHONUNBUFFERED": "1"}, text=True,
+        ["dvc", "repro"], cwd=root, env={**env, **hold, "PYTHONUNBUFFERED": "1"}, text=True,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
     )
     lines: list[str] = []

@@ -20,7 +20,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -37,6 +37,7 @@ RUN = str(paths.run_dir("mlp", "jax"))  # the run folder the direct kills target
 class Run:
     root: Path
     env: dict[str, str]
+    validated: set[str] = field(default_factory=set)  # validate_inputs() of every state validate passed on here
 
 
 class Started:
@@ -149,12 +150,25 @@ def check_outputs(root: Path, before: dict[str, str], folders: dict[str, str]) -
     return states
 
 
+def validate_inputs(root: Path) -> str:
+    """One digest of everything the validate stage judges (dvc.yaml: data/prepared, artifacts, params.yaml; the code
+    it runs, pipelines/ and rosetta_common, is not edited here, only a framework package it never imports): its
+    verdict is a function of these bytes."""
+    files = fingerprint(root, ("data", "artifacts")) | {"params.yaml": hashlib.sha256(
+        (root / "params.yaml").read_bytes()).hexdigest()}
+    return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
+
+
 def repro_completes(run: Run) -> set[str]:
-    """The next `dvc repro` finishes, nothing is left to run, and the validate stage passes on what it made."""
+    """The next `dvc repro` finishes, nothing is left to run, and the validate stage passes on what it made (run
+    here, unless it already passed in this module on byte-identical inputs, which give the same verdict)."""
     result = sh(["dvc", "repro"], run.root, run.env)
     status = sh(["dvc", "status"], run.root, run.env)
     assert "up to date" in status.stdout, status.stdout
-    sh(VALIDATE, run.root, run.env)  # fails (non-zero) on any failed check
+    inputs = validate_inputs(run.root)
+    if inputs not in run.validated:
+        sh(VALIDATE, run.root, run.env)  # fails (non-zero) on any failed check
+        run.validated.add(inputs)
     assert json.loads((run.root / "reports/validation.json").read_text())["passed"] is True
     assert not leftovers(run.root)
     return ran_stages(result.stdout)

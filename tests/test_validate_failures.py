@@ -13,7 +13,9 @@ judges nothing else of a run that fails it. So a figure case re-records the hash
 (`rehash`), as an export that had produced those bytes would have: the check that fails is then the figure's
 own. The integrity check itself has its own cases (`test_validate_refuses_altered_artifacts`), as does the
 ONNX checker on a corrupt model.onnx whose hash was re-recorded.
-Nothing is mocked; every case restores the files it touched, so cases do not depend on their order.
+Nothing is mocked; every case's files are restored after its run, so cases do not depend on their order. Cases
+that edit different models' files share one run of the stage (validate judges model by model; see `ROUNDS`),
+each still judged on exactly its own model's rows.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import json
 import math
 import re
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -41,7 +43,7 @@ from pipelines import paths
 from rosetta_common.data import Dataset, load_prepared
 from rosetta_common.io import sha256
 from rosetta_common.metrics import softmax_cross_entropy
-from support import VALIDATE, SavedEdits, TinyRun, sh
+from support import VALIDATE, SavedEdits, TinyRun, replace_file, sh
 
 Side = Literal["beyond", "inside"]
 Key = tuple[str, str, str]  # (model, framework or "a|b" pair, check), as in reports/validation.json
@@ -63,10 +65,25 @@ class FinishedRun:
 
 @dataclass
 class Workspace(SavedEdits):
-    """One case's view of the copy: every write saves the original first, and `restore` puts it back."""
+    """The cases' view of the copy: every write saves the original first, and `restore` puts it back."""
 
     run: FinishedRun
     saved: dict[Path, bytes | None] = field(default_factory=dict)  # None: the file did not exist
+    touched: set[Path] = field(default_factory=set)  # every file written or removed since this was last cleared
+
+    def keep(self, rel: str | Path) -> Path:
+        path = super().keep(rel)
+        self.touched.add(path)
+        return path
+
+    def restore_only(self, paths: Iterable[Path]) -> None:
+        """Put back these files alone (a case whose edit failed half-way)."""
+        for path in paths:
+            data = self.saved.pop(path)
+            if data is None:
+                path.unlink(missing_ok=True)
+            else:
+                replace_file(path, data)
 
     def row(self, model: str, framework: str, check: str) -> dict[str, Any]:
         return self.run.baseline[(model, framework, check)]
@@ -234,7 +251,7 @@ def moved_value(side: Side, others: list[float], target: float, relative: bool) 
 
 # The data-parallel check that compares the same figure with this framework's own data-parallel run.
 DATA_PARALLEL_CHECK = {"train_step1_loss_rel": "dp_step1_loss_rel",
-                       "train_first_epoch_loss_rel": "dp_first_epoch_loss_rel"}
+                       "train_lockstep_loss_rel": "dp_lockstep_loss_rel"}
 
 
 def step_loss(model: str, framework: str, check: str, step: int) -> Perturb:
@@ -618,37 +635,74 @@ def native_batch_dependence(model: str, framework: str) -> Perturb:
     return perturb
 
 
-# One case per kind of check, spread over models and frameworks (not every combination: each case is a run).
-CASES = [
-    pytest.param(native_logits("cnn", "torch", "onnx_vs_native", "validation_logits"), id="onnx_vs_native-cnn-torch"),
-    pytest.param(
-        native_logits("attention", "tf", "init_onnx_vs_native", "init_validation_logits"),
-        id="init_onnx_vs_native-attention-tf",
-    ),
-    pytest.param(reference_weights("cnn"), id="init_onnx_vs_reference-cnn"),
-    pytest.param(input_gated_offset("attention", "torch"), id="forward_parity_init_onnx-attention-torch"),
-    pytest.param(step_loss("mlp", "jax", "train_step1_loss_rel", 0), id="train_step1_loss_rel-mlp-jax"),
-    pytest.param(step_loss("cnn", "tf", "train_first_epoch_loss_rel", 1), id="train_first_epoch_loss_rel-cnn-tf"),
-    pytest.param(loss_scale("attention", "torch"), id="test_loss_rel-attention-torch"),
-    pytest.param(accuracy_flips("mlp", "tf"), id="test_accuracy_points-mlp-tf"),
-    pytest.param(accuracy_floor("attention"), id="min_test_accuracy-attention"),
-    pytest.param(native_roundtrip("mlp", "torch"), id="native_roundtrip-mlp-torch"),
-    pytest.param(native_roundtrip("cnn", "tf"), id="native_roundtrip-cnn-tf"),
-    pytest.param(native_roundtrip("attention", "jax"), id="native_roundtrip-attention-jax"),
-    pytest.param(running_statistic("resnet", "tf", "running_mean"), id="running_mean_rel-resnet-tf"),
-    pytest.param(running_statistic("resnet", "torch", "running_var"), id="running_var_rel-resnet-torch"),
-    pytest.param(onnx_batch_dependence("resnet", "jax"), id="inference_mode_onnx_model-resnet-jax"),
-    pytest.param(onnx_batch_dependence("gru", "tf"), id="inference_mode_onnx_model-gru-tf"),
-    pytest.param(native_batch_dependence("resnet", "torch"), id="inference_mode_native-resnet-torch"),
-    pytest.param(native_batch_dependence("lstm", "jax"), id="inference_mode_native-lstm-jax"),
+# ---- the cases, and how they share validate runs ---------------------------------------------------------------
+#
+# Every row of reports/validation.json is one model's, computed from that model's files (its runs, its init
+# weights, its entries of params.yaml) and the shared prepared data, with one exception: the training-parity
+# figures judged against the replicates' null after two runs part are Holm-corrected together, across models. So a
+# case that moves no training figure nor which runs are judged (`shares`: an export's outputs, an ONNX graph, a
+# recorded round-trip error, an accuracy floor) can share one run of the stage with cases of other models, each
+# judged on its own model's rows exactly as a run of it alone would judge them, provided they agree on the outcome
+# (the stage passes for "inside" cases and fails for the others); every other case has a run of its own.
+# `ROUNDS` groups them so: at most one case per model in a run, all passing or all failing. Each run checks that no
+# two of its cases edit the same file, and that every model none of its cases edited comes back as in the
+# baseline, row for row, passing with the same figures (validate is deterministic: test_lineage.py's
+# `dvc repro -f` changes no hash). 43 cases, 25 runs of the stage.
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    model: str  # the one model whose files `apply` edits (in params.yaml, only that model's entries)
+    passes: bool  # whether validate must pass with the edit in place ("inside") or fail
+    apply: Callable[[Workspace], Any]  # edits the workspace; returns what the case's test checks
+    shares: bool = False  # may share a validate run with other models' cases (see above)
+
+    def __repr__(self) -> str:
+        return self.id
+
+
+# One case per kind of check, spread over models and frameworks (not every combination: each case is judged).
+TOLERANCE_CASES: list[tuple[str, str, Perturb]] = [
+    ("onnx_vs_native-cnn-torch", "cnn", native_logits("cnn", "torch", "onnx_vs_native", "validation_logits")),
+    ("init_onnx_vs_native-attention-tf", "attention",
+     native_logits("attention", "tf", "init_onnx_vs_native", "init_validation_logits")),
+    ("init_onnx_vs_reference-cnn", "cnn", reference_weights("cnn")),
+    ("forward_parity_init_onnx-attention-torch", "attention", input_gated_offset("attention", "torch")),
+    ("train_step1_loss_rel-mlp-jax", "mlp", step_loss("mlp", "jax", "train_step1_loss_rel", 0)),
+    ("train_lockstep_loss_rel-cnn-tf", "cnn", step_loss("cnn", "tf", "train_lockstep_loss_rel", 1)),
+    ("test_loss_rel-attention-torch", "attention", loss_scale("attention", "torch")),
+    ("test_accuracy_points-mlp-tf", "mlp", accuracy_flips("mlp", "tf")),
+    ("min_test_accuracy-attention", "attention", accuracy_floor("attention")),
+    ("native_roundtrip-mlp-torch", "mlp", native_roundtrip("mlp", "torch")),
+    ("native_roundtrip-cnn-tf", "cnn", native_roundtrip("cnn", "tf")),
+    ("native_roundtrip-attention-jax", "attention", native_roundtrip("attention", "jax")),
+    ("running_mean_rel-resnet-tf", "resnet", running_statistic("resnet", "tf", "running_mean")),
+    ("running_var_rel-resnet-torch", "resnet", running_statistic("resnet", "torch", "running_var")),
+    ("inference_mode_onnx_model-resnet-jax", "resnet", onnx_batch_dependence("resnet", "jax")),
+    ("inference_mode_onnx_model-gru-tf", "gru", onnx_batch_dependence("gru", "tf")),
+    ("inference_mode_native-resnet-torch", "resnet", native_batch_dependence("resnet", "torch")),
+    ("inference_mode_native-lstm-jax", "lstm", native_batch_dependence("lstm", "jax")),
 ]
 # Checks whose tolerance is 0: only "beyond".
-ZERO_TOLERANCE_CASES = [
-    pytest.param(onnx_accuracy("cnn", "jax"), id="onnx_test_accuracy_equals_native-cnn-jax"),
+ZERO_TOLERANCE_CASES: list[tuple[str, str, Perturb]] = [
+    ("onnx_test_accuracy_equals_native-cnn-jax", "cnn", onnx_accuracy("cnn", "jax")),
 ]
-SIDED = [
-    pytest.param(case.values[0], side, id=f"{case.id}-{side}") for case in CASES for side in ("beyond", "inside")
-] + [pytest.param(case.values[0], "beyond", id=f"{case.id}-beyond") for case in ZERO_TOLERANCE_CASES]
+
+
+# The cases that move no training-parity figure and leave every run judged (see `Case.shares`).
+SHARING = {"onnx_vs_native-cnn-torch", "init_onnx_vs_native-attention-tf", "init_onnx_vs_reference-cnn",
+           "forward_parity_init_onnx-attention-torch", "min_test_accuracy-attention", "native_roundtrip-mlp-torch",
+           "native_roundtrip-cnn-tf", "native_roundtrip-attention-jax", "inference_mode_onnx_model-resnet-jax",
+           "inference_mode_onnx_model-gru-tf", "inference_mode_native-resnet-torch", "inference_mode_native-lstm-jax"}
+
+
+def sided(id: str, model: str, perturb: Perturb, side: Side) -> Case:
+    return Case(f"{id}-{side}", model, side == "inside", lambda ws: perturb(ws, side), shares=id in SHARING)
+
+
+SIDED = [sided(*case, side) for case in TOLERANCE_CASES for side in ("beyond", "inside")] + [
+    sided(*case, "beyond") for case in ZERO_TOLERANCE_CASES]
 
 
 @pytest.fixture(scope="module")
@@ -664,13 +718,6 @@ def finished_run(tiny_pipeline: TinyRun, tmp_path_factory: pytest.TempPathFactor
     return FinishedRun(root, tiny_pipeline.env, {key(r): r for r in report["checks"]})
 
 
-@pytest.fixture
-def workspace(finished_run: FinishedRun) -> Iterator[Workspace]:
-    ws = Workspace(finished_run)
-    yield ws
-    ws.restore()
-
-
 def run_validate(ws: Workspace) -> tuple[Any, dict[Key, dict[str, Any]], str]:
     """The real validate stage on the workspace: its process result, its report's rows, and its output (for
     assertion messages)."""
@@ -683,6 +730,86 @@ def run_validate(ws: Workspace) -> tuple[Any, dict[Key, dict[str, Any]], str]:
     return result, {key(r): r for r in report["checks"]}, output
 
 
+@dataclass
+class Judged:
+    """One run of the validate stage on the copy with the edits of one round's cases in place."""
+
+    result: Any
+    rows: dict[Key, dict[str, Any]]
+    output: str
+    models: set[str]  # the models whose files the round's cases edited
+    returned: dict[str, Any]  # case id -> what its edit returned
+    errors: dict[str, Exception]  # case id -> what its edit raised (its own test raises it again)
+
+    def own_rows(self, run: FinishedRun, case: Case) -> dict[Key, dict[str, Any]]:
+        """The case's own model's rows: what it is judged on. Every model that no case of the round edited must
+        come back as in the baseline: the same rows, passing, with the same figures (no edit reached it)."""
+        def figures(rows: dict[Key, dict[str, Any]]) -> dict[Key, tuple[Any, ...]]:
+            return {k: (r["passed"], r["max_abs_err"], r["tolerance"]) for k, r in rows.items()
+                    if k[0] not in self.models}
+
+        assert figures(self.rows) == figures(run.baseline), self.output
+        return {k: r for k, r in self.rows.items() if k[0] == case.model}
+
+
+def rounds(cases: list[Case]) -> list[list[Case]]:
+    """Cases grouped into validate runs: a sharing case joins the first run of sharing cases with no case of its
+    model and the same outcome; any other case has a run of its own."""
+    grouped: list[list[Case]] = []
+    for case in cases:
+        room = [g for g in grouped if case.shares and g[0].shares and g[0].passes == case.passes
+                and all(c.model != case.model for c in g)]
+        if room:
+            room[0].append(case)
+        else:
+            grouped.append([case])
+    return grouped
+
+
+def judge(run: FinishedRun, cases: list[Case]) -> Judged:
+    """Apply every case's edit (each to files no other case of the run touches), run validate once, restore."""
+    ws = Workspace(run)
+    returned: dict[str, Any] = {}
+    errors: dict[str, Exception] = {}
+    try:
+        for case in cases:
+            earlier, ws.touched = set(ws.saved), set()
+            try:
+                returned[case.id] = case.apply(ws)
+            except Exception as error:  # the case's own test reports it; the others are still judged
+                errors[case.id] = error
+                ws.restore_only(ws.touched - earlier)
+                continue
+            shared = sorted(str(p.relative_to(run.root)) for p in ws.touched & earlier)
+            assert not shared, f"{case.id} edits files another case of its validate run edits: {shared}"
+        result, rows, output = run_validate(ws)
+    finally:
+        ws.restore()
+    return Judged(result, rows, output, {c.model for c in cases if c.id in returned}, returned, errors)
+
+
+@pytest.fixture(scope="module")
+def judged(finished_run: FinishedRun) -> Callable[[Case], tuple[Judged, Any]]:
+    """A case's validate run (made once per round, when its first case is tested) and what its edit returned."""
+    done: dict[int, Judged | Exception] = {}
+
+    def get(case: Case) -> tuple[Judged, Any]:
+        index = ROUND_OF[case.id]
+        if index not in done:
+            try:
+                done[index] = judge(finished_run, ROUNDS[index])
+            except Exception as error:  # every case of the round fails with it
+                done[index] = error
+        outcome = done[index]
+        if isinstance(outcome, Exception):
+            raise outcome
+        if case.id in outcome.errors:
+            raise outcome.errors[case.id]
+        return outcome, outcome.returned[case.id]
+
+    return get
+
+
 def assert_failed_naming(result: Any, rows: dict[Key, dict[str, Any]], keys: set[Key], output: str) -> None:
     assert result.returncode != 0, output
     for model, framework, check in keys:
@@ -690,19 +817,25 @@ def assert_failed_naming(result: Any, rows: dict[Key, dict[str, Any]], keys: set
     assert {k for k, r in rows.items() if not r["passed"]} == keys, output  # that check and nothing else
 
 
-@pytest.mark.parametrize(("perturb", "side"), SIDED)
-def test_validate_judges_the_tolerance(workspace: Workspace, perturb: Perturb, side: Side) -> None:
-    pushed = perturb(workspace, side)
+def model_keys(run: FinishedRun, model: str) -> set[Key]:
+    return {k for k in run.baseline if k[0] == model}
+
+
+@pytest.mark.parametrize("case", SIDED, ids=lambda c: c.id)
+def test_validate_judges_the_tolerance(judged: Callable[[Case], tuple[Judged, Any]], finished_run: FinishedRun,
+                                       case: Case) -> None:
+    run, pushed = judged(case)
     assert pushed, "the case moved no row"
-    result, rows, output = run_validate(workspace)
-    assert rows.keys() == workspace.run.baseline.keys()
-    if side == "beyond":
-        assert_failed_naming(result, rows, set(pushed), output)
+    assert {k[0] for k in pushed} == {case.model}, pushed
+    rows, output = run.own_rows(finished_run, case), run.output
+    assert rows.keys() == model_keys(finished_run, case.model), output
+    if not case.passes:
+        assert_failed_naming(run.result, rows, set(pushed), output)
     else:
-        assert result.returncode == 0, output
-        assert all(r["passed"] for r in rows.values())
+        assert run.result.returncode == 0, output
+        assert all(r["passed"] for r in run.rows.values())
         for k in pushed:
-            before, after = workspace.run.baseline[k], rows[k]
+            before, after = finished_run.baseline[k], rows[k]
             assert (after["max_abs_err"], after["tolerance"]) != (before["max_abs_err"], before["tolerance"]), k
 
 
@@ -785,23 +918,26 @@ def onnx_corrupt_rehashed(model: str, framework: str) -> Damage:
     return damage
 
 
-@pytest.mark.parametrize(
-    "damage",
-    [
-        pytest.param(native_file_deleted("mlp", "tf"), id="artifacts_intact-native-deleted-mlp-tf"),
-        pytest.param(native_file_altered("cnn", "torch"), id="artifacts_intact-native-altered-cnn-torch"),
-        pytest.param(native_file_unrecorded("attention", "jax"), id="artifacts_intact-native-unrecorded-attention-jax"),
-        pytest.param(onnx_corrupt_rehashed("mlp", "jax"), id="onnx_checker_model-corrupt-mlp-jax"),
-    ],
-)
-def test_validate_refuses_altered_artifacts(workspace: Workspace, damage: Damage) -> None:
-    failing, absent, message = damage(workspace)
-    result, rows, output = run_validate(workspace)
-    assert_failed_naming(result, rows, failing, output)
+DAMAGE_CASES = [
+    Case("artifacts_intact-native-deleted-mlp-tf", "mlp", False, native_file_deleted("mlp", "tf")),
+    Case("artifacts_intact-native-altered-cnn-torch", "cnn", False, native_file_altered("cnn", "torch")),
+    Case("artifacts_intact-native-unrecorded-attention-jax", "attention", False,
+         native_file_unrecorded("attention", "jax")),
+    Case("onnx_checker_model-corrupt-mlp-jax", "mlp", False, onnx_corrupt_rehashed("mlp", "jax")),
+]
+
+
+@pytest.mark.parametrize("case", DAMAGE_CASES, ids=lambda c: c.id)
+def test_validate_refuses_altered_artifacts(judged: Callable[[Case], tuple[Judged, Any]], finished_run: FinishedRun,
+                                            case: Case) -> None:
+    run, (failing, absent, message) = judged(case)
+    assert {k[0] for k in failing | absent} == {case.model}, (failing, absent)
+    rows, output = run.own_rows(finished_run, case), run.output
+    assert_failed_naming(run.result, rows, failing, output)
     for k in failing:
         assert message in rows[k].get("detail", ""), (rows[k], message)
-    assert message in result.stderr, output
-    assert rows.keys() == workspace.run.baseline.keys() - absent, output
+    assert message in run.result.stderr, output
+    assert rows.keys() == model_keys(finished_run, case.model) - absent, output
 
 
 def in_training_mode(kind: str) -> Callable[[onnx.ModelProto], None]:
@@ -832,22 +968,53 @@ def in_training_mode(kind: str) -> Callable[[onnx.ModelProto], None]:
     return edit
 
 
-@pytest.mark.parametrize(("kind", "problem"), [("dropout", "dropout active?"),
-                                               ("batch statistics", "batch statistics in use?")])
-def test_an_onnx_export_in_training_mode_fails_the_inference_mode_check(workspace: Workspace, kind: str,
-                                                                          problem: str) -> None:
-    """resnet's model.onnx from torch, edited into a training-mode export (and its hash re-recorded, as an export
-    that wrote it would have): validate fails inference_mode_onnx_model naming what shows it. (Its logits differ
-    from the framework's too, so onnx_vs_native and the accuracy checks may fail beside it.)"""
-    rel = paths.onnx_model("resnet", "torch")
-    model = onnx.load(str(workspace.run.root / rel))
-    in_training_mode(kind)(model)
-    workspace.write(rel, model.SerializeToString())
-    rehash(workspace, paths.run_dir("resnet", "torch"))
-    result, rows, output = run_validate(workspace)
-    assert result.returncode != 0, output
+def training_mode_export(kind: str) -> Callable[[Workspace], None]:
+    """resnet's model.onnx from torch, edited into a training-mode export, its hash re-recorded (as an export that
+    wrote it would have)."""
+
+    def damage(ws: Workspace) -> None:
+        rel = paths.onnx_model("resnet", "torch")
+        model = onnx.load(str(ws.run.root / rel))
+        in_training_mode(kind)(model)
+        ws.write(rel, model.SerializeToString())
+        rehash(ws, paths.run_dir("resnet", "torch"))
+
+    return damage
+
+
+TRAINING_MODE = [("dropout", "dropout active?"), ("batch statistics", "batch statistics in use?")]
+TRAINING_MODE_CASES = {kind: Case(f"training-mode-{kind}", "resnet", False, training_mode_export(kind), shares=True)
+                       for kind, _ in TRAINING_MODE}
+
+
+@pytest.mark.parametrize(("kind", "problem"), TRAINING_MODE)
+def test_an_onnx_export_in_training_mode_fails_the_inference_mode_check(
+        judged: Callable[[Case], tuple[Judged, Any]], finished_run: FinishedRun, kind: str, problem: str) -> None:
+    """validate fails inference_mode_onnx_model for resnet/torch's training-mode model.onnx, naming what shows
+    it. (Its logits differ from the framework's too, so onnx_vs_native and the accuracy checks may fail beside
+    it.)"""
+    case = TRAINING_MODE_CASES[kind]
+    run, _ = judged(case)
+    rows, output = run.own_rows(finished_run, case), run.output
+    assert run.result.returncode != 0, output
     row = rows[("resnet", "torch", "inference_mode_onnx_model")]
     assert row["passed"] is False and row["max_abs_err"] > row["tolerance"], row
     assert problem in row["detail"], row
-    assert re.search(r"^FAILED resnet/torch inference_mode_onnx_model:", result.stderr, re.M), output
+    assert re.search(r"^FAILED resnet/torch inference_mode_onnx_model:", run.result.stderr, re.M), output
     assert rows[("resnet", "torch", "inference_mode_onnx_init")]["passed"] is True  # init.onnx was left alone
+
+
+ALL_CASES = [*SIDED, *DAMAGE_CASES, *TRAINING_MODE_CASES.values()]
+assert len({c.id for c in ALL_CASES}) == len(ALL_CASES)
+ROUNDS = rounds(ALL_CASES)
+ROUND_OF = {case.id: index for index, group in enumerate(ROUNDS) for case in group}
+
+
+def test_cases_share_runs_only_across_models() -> None:
+    """The grouping itself: every case judged once, no two cases of one model or of opposite outcomes together,
+    and only sharing cases with others."""
+    assert sorted(c.id for g in ROUNDS for c in g) == sorted(c.id for c in ALL_CASES)
+    assert {c.id.removesuffix("-beyond").removesuffix("-inside") for c in SIDED if c.shares} == SHARING
+    for group in ROUNDS:
+        assert len({c.model for c in group}) == len(group) and len({c.passes for c in group}) == 1, group
+        assert len(group) == 1 or all(c.shares for c in group), group

@@ -114,9 +114,12 @@ def forward_parity(inputs: Inputs, model: str) -> ParityMatrix:
 # training_parity figure -> (check it was judged by, tolerance field in params.yaml); None: a figure only.
 TRAINING_FIGURES: list[tuple[str, str, str | None, str | None]] = [
     ("step1_loss_rel", "step-1 loss, rel", "train_step1_loss_rel", "step1_loss_rel"),
-    ("first_epoch_loss_max_rel", "first-epoch losses, max rel", "train_first_epoch_loss_rel", "first_epoch_loss_rel"),
+    ("lockstep_loss_max_rel", "lockstep window losses, max rel", "train_lockstep_loss_rel", "lockstep_loss_rel"),
+    ("parting_step", "step where the runs part", None, None),
     ("test_loss_rel", "test loss, rel", "test_loss_rel", "test_loss_rel"),
     ("test_accuracy_diff_points", "test accuracy, points", "test_accuracy_points", "test_accuracy_points"),
+    ("prediction_disagreement", "test predictions that differ", "prediction_disagreement", None),
+    ("first_epoch_loss_max_rel", "first-epoch losses, max rel", None, None),
     ("all_steps_loss_max_rel", "all step losses, max rel", None, None),
     ("final_weights_max_abs", "final weights, max abs", None, None),
 ]
@@ -278,7 +281,8 @@ def inference_mode(inputs: Inputs, model: str) -> list[dict[str, Any]]:
 # Data-parallel figures (pipelines/stages/validate_data_parallel.py): key, label, the check that judged it.
 DATA_PARALLEL_FIGURES: list[tuple[str, str, str | None]] = [
     ("step1_loss_rel", "step-1 loss, rel", "dp_step1_loss_rel"),
-    ("first_epoch_loss_max_rel", "first-epoch losses, max rel", "dp_first_epoch_loss_rel"),
+    ("lockstep_loss_max_rel", "lockstep window losses, max rel", "dp_lockstep_loss_rel"),
+    ("parting_step", "step where the runs part", None),
     ("test_loss_rel", "test loss, rel", "dp_test_loss_rel"),
     ("test_accuracy_diff_points", "test accuracy, points", "dp_test_accuracy_points"),
     ("all_steps_loss_max_rel", "all step losses, max rel", None),

@@ -189,3 +189,25 @@ def running_statistics(model: str, figures: Sequence[Mapping[str, Any]], toleran
     axes[1].legend(loc="lower right", fontsize=8)
     fig.tight_layout()
     return data_uri(fig)
+
+
+@stable
+def replicates(model: str, runs: Sequence[Mapping[str, Any]]) -> str | None:
+    """Each framework's run (large dot) and its one-ulp replicates (small dots) side by side: test loss and test
+    accuracy, the null against which two frameworks' runs are judged once they part (validate's end_of_training)."""
+    runs = [r for r in runs if r.get("model") == model and r.get("replicates")]
+    if not runs:
+        return None
+    fig = Figure(figsize=(9, 2.6))
+    axes = fig.subplots(1, 2)
+    for ax, key, label in zip(axes, ("test_loss", "test_accuracy"), ("test loss", "test accuracy"), strict=True):
+        for x, run in enumerate(runs):
+            values = [r[key] for r in run["replicates"]]
+            ax.scatter(np.full(len(values), x) + np.linspace(-0.15, 0.15, len(values)), values, s=18,
+                       color=color(run["framework"]), alpha=0.7)
+            ax.scatter([x], [run[key]], s=70, color=color(run["framework"]), edgecolor="black", zorder=3)
+        ax.set_xticks(range(len(runs)), [r["framework"] for r in runs])
+        ax.set(title=f"{model}: {label}", xlim=(-0.6, len(runs) - 0.4))
+        ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    return data_uri(fig)

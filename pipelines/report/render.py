@@ -132,7 +132,9 @@ def sections(inputs: Inputs, variant: str) -> list[Section]:
             "and against the float64 numpy reference, max abs difference over several batch sizes. Training "
             "parity: the same training run in each framework, compared pair by pair; each figure with the "
             "tolerance it was judged against (params.yaml tolerances). Models with BatchNorm: its running mean "
-            "and variance after training, pair by pair, from the trained canonical weights.",
+            "and variance after training, pair by pair, from the trained canonical weights. Once two runs part "
+            "(the parting step), their end-of-training figures are judged against the spread of each framework's "
+            "one-ulp replicates (the strip plots).",
             [
                 Group(
                     m,
@@ -141,7 +143,9 @@ def sections(inputs: Inputs, variant: str) -> list[Section]:
                     _figure(figures.parity_heatmap(m, matrices[m]), f"{m} forward parity heat map")
                     + _figure(figures.running_statistics(m, statistics[m],
                                                          analysis.trained_tolerances(inputs, m).running_stats_rel),
-                              f"{m} BatchNorm running statistics after training"),
+                              f"{m} BatchNorm running statistics after training")
+                    + _figure(figures.replicates(m, (inputs.validation or {}).get("runs", [])),
+                              f"{m} each framework's run and its one-ulp replicates"),
                 )
                 for m in models
             ],

@@ -39,7 +39,15 @@ from rosetta_common.io import sha256, staged_outputs, write_json
 from rosetta_common.metrics import accuracy, max_abs_diff, softmax_cross_entropy
 from rosetta_common.spec import ModelConfig, Spec
 from rosetta_common.training import TrainPlan, plan
-from rosetta_common.weights import Weights, check_weights, count_parameters, load_weights, save_weights
+from rosetta_common.weights import (
+    Weights,
+    check_weights,
+    count_parameters,
+    is_statistic,
+    load_weights,
+    perturbed,
+    save_weights,
+)
 
 
 @dataclass(frozen=True)
@@ -104,6 +112,37 @@ def record_training(backend: ModuleType, job: Job, model: Any, result: TrainResu
         "optimizer": job.plan.optimizer_name,
         **run,
     })
+
+
+def train_replicates(backend: ModuleType, spec: Spec, job: Job, data: Dataset, out: Path, where: str) -> None:
+    """The measured null (params.yaml `replicates`): the same training from the init moved by one ulp in one place
+    (rosetta_common.weights.perturbed), `replicates.count` times for each of `replicates.models`, trained and
+    scored only. replicates.json holds
+    each one's test figures and step losses; replicates.npz its test predictions and BatchNorm running
+    statistics, which the validator compares within and across frameworks."""
+    count = spec.replicates.count if job.arch in spec.replicates.models else 0
+    if not count:
+        return
+    runs, predictions, statistics = [], [], {}
+    for i in range(1, count + 1):
+        backend.configure(spec.seed)  # as the run itself started: only the one ulp differs
+        init, moved = perturbed(job.init, i)
+        model = backend.build(job.config, init)
+        result = backend.train(model, job.plan, data)
+        check_training(result, job.plan, f"{where} replicate {i}")
+        logits = backend.predict(model, data.test_images)
+        predictions.append(np.argmax(logits, axis=1).astype(np.int16))
+        for name, value in backend.to_canonical(model).items():
+            if is_statistic(name):
+                statistics.setdefault(name, []).append(value)
+        runs.append({"replicate": i, "perturbation": moved,
+                     "test_accuracy": accuracy(logits, data.test_labels),
+                     "test_loss": softmax_cross_entropy(logits, data.test_labels),
+                     "step_losses": result.step_losses})
+    write_json(out / "replicates.json", {"framework": backend.FRAMEWORK, "model": job.arch, "count": count,
+                                         "replicates": runs})
+    with open(out / "replicates.npz", "wb") as f:
+        np.savez(f, test_predictions=np.stack(predictions), **{k: np.stack(v) for k, v in statistics.items()})
 
 
 def steady_samples_per_second(result: TrainResult, job: Job) -> float | None:
@@ -193,6 +232,8 @@ def run_model(backend: ModuleType, spec: Spec, job: Job, data: Dataset, clock: m
     with staged_outputs(paths.run_dir(arch, fw)) as out:
         with clock.phase(f"{arch}.train"):
             model, result = train(backend, job, data, out, where)
+        with clock.phase(f"{arch}.replicates"):
+            train_replicates(backend, spec, job, data, out, where)
         initial, exported = export(backend, job, model, batch, out, clock)
         with clock.phase(f"{arch}.outputs"):
             record_outputs(backend, job, model, initial, data, batch, out)
@@ -225,10 +266,11 @@ def measure_model(backend: ModuleType, run: Trained, data: Dataset, clock: measu
 
 def main(argv: list[str]) -> int:
     clock = measurements.StageClock("train_export", IMPORTS_STARTED)
-    fw, models, spec = framework_stage_args(argv, __doc__)
+    fw, models, spec = framework_stage_args(argv, __doc__, "train_export")
     clock.stage = f"train_export@{fw}"
     # Every input of every model is checked where it enters, before the framework is imported or anything written.
     data = load_prepared(paths.PREPARED)
+    data.validation_batch(spec.export.validation_batch_size)  # the test split holds the whole batch
     jobs = load_jobs(spec, models, data)
     clock.lap("inputs")
     backend = load_backend(fw, spec.seed)

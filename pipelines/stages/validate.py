@@ -30,7 +30,8 @@ import onnxruntime as ort
 
 from pipelines import measurements, paths
 from pipelines.stages import IMPORTS_STARTED, StageError, stage_main
-from pipelines.stages.train_logs import read_step_losses
+from pipelines.stages.replicate_null import cross_and_within, holm_rejected, rank_sum_p
+from pipelines.stages.train_logs import lockstep_figures, read_step_losses
 from pipelines.stages.validate_data_parallel import data_parallel_parity
 from rosetta_common.data import load_prepared
 from rosetta_common.errors import RosettaError
@@ -40,6 +41,7 @@ from rosetta_common.metrics import (
     accuracy,
     inference_mode_problems,
     max_abs_diff,
+    parting_step,
     relative_diff,
     softmax_cross_entropy,
 )
@@ -78,6 +80,20 @@ class Checks:
         if detail:
             row["detail"] = detail
         self.rows.append(row)
+
+    def add_null(self, model: str, framework: str, check: str, value: float, tolerance: float | None,
+                 null: dict[str, Any], detail: str) -> None:
+        """A figure beyond its float32 bound after the runs parted, judged against the replicates' null
+        (replicate_null): passed is decided by `judge_nulls`, over every such row of the run at once (Holm)."""
+        self.add(model, framework, check, value, tolerance, False, detail)
+        self.rows[-1]["null"] = null
+
+    def judge_nulls(self, alpha: float) -> None:
+        rows = [r for r in self.rows if "null" in r]
+        for row, rejected in zip(rows, holm_rejected([r["null"]["p_value"] for r in rows], alpha), strict=True):
+            row["passed"] = not rejected
+            row["null"]["holm_family"] = len(rows)
+            row["detail"] += f"; {'different' if rejected else 'no larger'} at alpha {alpha}, Holm over {len(rows)}"
 
     def failures(self) -> list[dict[str, Any]]:
         return [r for r in self.rows if not r["passed"]]
@@ -272,6 +288,9 @@ def check_framework(spec: Spec, checks: Checks, arch: str, fw: str, data: Any, b
         else:
             checks.add(arch, fw, f"inference_mode_native_{fmt}", None, tol.inference_mode_abs, False,
                        f"{where}: no inference-mode record ({runs_key}, {alone_key})")
+    figures["test_predictions"] = np.argmax(test_logits, axis=1)
+    figures["replicates"] = read_replicates(checks, arch, fw,
+                                            spec.replicates.count if arch in spec.replicates.models else 0)
     minimum = spec.quality.min_test_accuracy[arch]  # the spec requires a floor for every model
     checks.add(
         arch,
@@ -283,6 +302,64 @@ def check_framework(spec: Spec, checks: Checks, arch: str, fw: str, data: Any, b
         f"test accuracy {figures['test_accuracy']:.4f}, required >= {minimum}",
     )
     return {"sessions": sessions, **figures}
+
+
+def read_replicates(checks: Checks, arch: str, fw: str, count: int) -> list[dict[str, Any]] | None:
+    """The run's replicates (train_export's train_replicates), each with its test figures, test predictions and
+    BatchNorm running statistics; None when params ask for none. Their files are among those export.json hashed,
+    so artifacts_intact has already tied them to the run."""
+    if not count:
+        return None
+    run = paths.run_dir(arch, fw)
+    try:
+        record = read_json(run / "replicates.json")
+        with np.load(run / "replicates.npz", allow_pickle=False) as f:
+            arrays = {key: f[key] for key in f.files}
+        reps = [{**r, "test_predictions": arrays["test_predictions"][i],
+                 "statistics": {k: v[i] for k, v in arrays.items() if k != "test_predictions"}}
+                for i, r in enumerate(record["replicates"])]
+        if len(reps) != count:
+            raise ValueError(f"{len(reps)} replicates, params.yaml replicates.count is {count}")
+    except (OSError, KeyError, ValueError, TypeError, IndexError) as error:
+        checks.add(arch, fw, "replicates_readable", None, None, False, f"{run}: {type(error).__name__}: {error}")
+        return None
+    return reps
+
+
+def end_of_training(checks: Checks, arch: str, pair: str, check: str, value: float, tolerance: float | None,
+                    parting: int | None, null: tuple[list[float], list[float]] | None) -> None:
+    """An end-of-training figure: within its float32 bound it passes; beyond it, two runs still in lockstep fail,
+    and two runs that parted are judged against the replicates' null (replicate_null), when there are some."""
+    if tolerance is not None and value <= tolerance:
+        where = "in lockstep to the end" if parting is None else f"runs part at step {parting}"
+        checks.add(arch, pair, check, value, tolerance, True, f"{where}; within the float32 bound")
+        return
+    if parting is None or null is None:
+        why = ("the runs are in lockstep to the end, so the float32 bound holds" if parting is None else
+               f"the runs part at step {parting} and there are no replicates to judge against (params.yaml "
+               "replicates: add the model to replicates.models)")
+        checks.add(arch, pair, check, value, tolerance, False, why)
+        return
+    cross, within = null
+    p = rank_sum_p(cross, within)
+    checks.add_null(arch, pair, check, value, tolerance, {"cross": cross, "within": within, "p_value": p},
+                    f"runs part at step {parting}: cross-framework median {np.median(cross):.3g} against "
+                    f"within-framework {np.median(within):.3g} (one-ulp replicates), p = {p:.3g}")
+
+
+def replicate_figures(spec: Spec, arch: str, fw: str, run: dict[str, Any], train_size: int) -> list[dict[str, Any]]:
+    """Each replicate's test figures, and the step where it parts from its framework's own run (None: never)."""
+    if not run["replicates"]:
+        return []
+    own = read_train_log(arch, fw, plan(spec, arch, train_size).num_steps)
+    return [{"replicate": r["replicate"], "test_accuracy": r["test_accuracy"], "test_loss": r["test_loss"],
+             "parts_from_run_at_step": parting_step(r["step_losses"], own, spec.tolerances.lockstep_loss_rel)}
+            for r in run["replicates"]]
+
+
+def end_figures(run: dict[str, Any]) -> list[dict[str, Any]]:
+    """A run and its replicates as the same kind of record: test loss, accuracy and predictions."""
+    return [run, *(run["replicates"] or [])]
 
 
 def read_train_log(arch: str, fw: str, expected_steps: int) -> np.ndarray:
@@ -317,7 +394,7 @@ def training_parity(spec: Spec, checks: Checks, arch: str, runs: dict[str, dict[
                     config: ModelConfig) -> tuple[list[dict[str, Any]], dict[str, Weights]]:
     """Pairwise training figures and checks; also returns each framework's trained canonical weights (read here
     once, for running_statistics)."""
-    tol = spec.tolerances.for_model(arch)  # a model's documented overrides (params.yaml tolerances.models)
+    tol = spec.tolerances.for_model(arch)
     train_plan = plan(spec, arch, len(data.train_labels))
     logs, weights = {}, {}
     for fw in runs:
@@ -328,28 +405,40 @@ def training_parity(spec: Spec, checks: Checks, arch: str, runs: dict[str, dict[
             checks.add(arch, fw, "training_record_readable", None, None, False, str(error))
     figures = []
     for a, b in itertools.combinations(logs, 2):
-        la, lb = logs[a], logs[b]
-        per_epoch = train_plan.steps_per_epoch
-        rel = relative_diff(la, lb)
-        fig = {
-            "model": arch,
-            "frameworks": f"{a}|{b}",
-            "optimizer": spec.train.optimizer,
-            "step1_loss_rel": float(rel[0]),
-            "first_epoch_loss_max_rel": float(rel[:per_epoch].max()),
-            "all_steps_loss_max_rel": float(rel.max()),
-            "all_steps_loss_max_abs": max_abs_diff(la, lb),
-            "test_loss_rel": float(relative_diff(runs[a]["test_loss"], runs[b]["test_loss"])),
-            "test_accuracy_diff_points": 100 * abs(runs[a]["test_accuracy"] - runs[b]["test_accuracy"]),
-            "final_weights_max_abs": max(max_abs_diff(weights[a][k], weights[b][k]) for k in weights[a]),
-        }
-        figures.append(fig)
         pair = f"{a}|{b}"
+        fig = {"model": arch, "frameworks": pair, "optimizer": spec.train.optimizer,
+               **lockstep_figures(logs[a], logs[b], train_plan.steps_per_epoch, tol),
+               "test_loss_rel": float(relative_diff(runs[a]["test_loss"], runs[b]["test_loss"])),
+               "test_accuracy_diff_points": 100 * abs(runs[a]["test_accuracy"] - runs[b]["test_accuracy"]),
+               "prediction_disagreement": disagreement(runs[a], runs[b]),
+               "final_weights_max_abs": max(max_abs_diff(weights[a][k], weights[b][k]) for k in weights[a])}
+        figures.append(fig)
         checks.add(arch, pair, "train_step1_loss_rel", fig["step1_loss_rel"], tol.step1_loss_rel)
-        checks.add(arch, pair, "train_first_epoch_loss_rel", fig["first_epoch_loss_max_rel"], tol.first_epoch_loss_rel)
-        checks.add(arch, pair, "test_loss_rel", fig["test_loss_rel"], tol.test_loss_rel)
-        checks.add(arch, pair, "test_accuracy_points", fig["test_accuracy_diff_points"], tol.test_accuracy_points)
+        checks.add(arch, pair, "train_lockstep_loss_rel", fig["lockstep_loss_max_rel"], tol.lockstep_loss_rel,
+                   detail=f"steps 1-{fig['lockstep_steps']}; the runs part at step {fig['parting_step']}")
+        parting = fig["parting_step"]
+        have = runs[a]["replicates"] is not None and runs[b]["replicates"] is not None
+        for check, key, bound, distance in (
+            ("test_loss_rel", "test_loss_rel", tol.test_loss_rel,
+             lambda x, y: float(relative_diff(x["test_loss"], y["test_loss"]))),
+            ("test_accuracy_points", "test_accuracy_diff_points", tol.test_accuracy_points,
+             lambda x, y: 100 * abs(x["test_accuracy"] - y["test_accuracy"])),
+            ("prediction_disagreement", "prediction_disagreement", 0.0, disagreement),
+        ):
+            if check == "prediction_disagreement" and parting is None:
+                continue  # runs in lockstep to the end: their test figures above already judge them
+            # (prediction disagreement's float32 bound is none at all: the same class for every test image)
+            null = None
+            if have:
+                fa, fb = end_figures(runs[a]), end_figures(runs[b])
+                null = cross_and_within(fa[0], fb[0], fa[1:], fb[1:], distance)
+            end_of_training(checks, arch, pair, check, fig[key], bound, parting, null)
     return figures, weights
+
+
+def disagreement(a: dict[str, Any], b: dict[str, Any]) -> float:
+    """The share of test images two runs classify differently."""
+    return float(np.mean(a["test_predictions"] != b["test_predictions"]))
 
 
 def statistic_rel(a: np.ndarray, b: np.ndarray) -> float:
@@ -359,26 +448,42 @@ def statistic_rel(a: np.ndarray, b: np.ndarray) -> float:
     return max_abs_diff(a, b) / scale if scale > 0 else 0.0
 
 
-def running_statistics(spec: Spec, checks: Checks, arch: str, weights: dict[str, Weights]) -> list[dict[str, Any]]:
+def statistics_rel(a: Weights, b: Weights, statistic: str) -> tuple[float, str]:
+    """The largest statistic_rel of one kind of statistic over the BatchNorm layers, and that layer."""
+    layers = {n.rsplit(".", 1)[0]: statistic_rel(a[n], b[n]) for n in a if is_statistic(n) and n.endswith(statistic)}
+    worst = max(layers, key=layers.__getitem__)
+    return layers[worst], worst
+
+
+def running_statistics(spec: Spec, checks: Checks, arch: str, weights: dict[str, Weights],
+                       runs: dict[str, dict[str, Any]], parting: dict[str, int | None]) -> list[dict[str, Any]]:
     """BatchNorm running mean and variance after training, pairwise, from each framework's trained canonical file
     (rosetta_common.weights.is_statistic names them): one figure per pair with each layer's, and a check per
-    statistic (its worst layer). Nothing for a model without BatchNorm."""
+    statistic (its worst layer), judged as every end-of-training figure is (end_of_training: the float32 bound,
+    or after parting the replicates' null). Nothing for a model without BatchNorm."""
     tol = spec.tolerances.for_model(arch).running_stats_rel
     figures = []
     for a, b in itertools.combinations(weights, 2):
         names = [n for n in weights[a] if is_statistic(n)]
         if not names:
             break
+        pair = f"{a}|{b}"
         layers: dict[str, dict[str, float]] = {}
         for name in names:
             layer, statistic = name.rsplit(".", 1)
             layers.setdefault(layer, {})[statistic] = statistic_rel(weights[a][name], weights[b][name])
-        fig: dict[str, Any] = {"model": arch, "frameworks": f"{a}|{b}"}
+        fig: dict[str, Any] = {"model": arch, "frameworks": pair}
+        reps = [runs.get(fw, {}).get("replicates") for fw in (a, b)]
         for statistic in ("running_mean", "running_var"):
-            worst = max(layers, key=lambda layer, s=statistic: layers[layer].get(s, -1.0))
-            fig[f"{statistic}_max_rel"] = layers[worst][statistic]
-            checks.add(arch, f"{a}|{b}", f"{statistic}_rel", layers[worst][statistic], tol,
-                       detail=f"worst layer {worst}")
+            value, worst = statistics_rel(weights[a], weights[b], statistic)
+            fig[f"{statistic}_max_rel"] = value
+            null = None
+            if reps[0] is not None and reps[1] is not None:
+                null = cross_and_within(weights[a], weights[b], [r["statistics"] for r in reps[0]],
+                                        [r["statistics"] for r in reps[1]],
+                                        lambda x, y, s=statistic: statistics_rel(x, y, s)[0])
+            end_of_training(checks, arch, pair, f"{statistic}_rel", value, tol, parting.get(pair), null)
+            checks.rows[-1]["detail"] = f"worst layer {worst}; " + checks.rows[-1].get("detail", "")
         figures.append({**fig, "layers": layers})
     return figures
 
@@ -407,14 +512,18 @@ def main(argv: list[str]) -> int:
             except (OSError, KeyError, ValueError, TypeError) as error:
                 checks.add(arch, fw, "artifacts_readable", None, None, False, f"{type(error).__name__}: {error}")
         measured += [{"model": arch, "framework": fw, "test_accuracy": run["test_accuracy"],
-                      "test_loss": run["test_loss"]} for fw, run in runs.items()]
+                      "test_loss": run["test_loss"],
+                      "replicates": replicate_figures(spec, arch, fw, run, len(data.train_labels))}
+                     for fw, run in runs.items()]
         forward_parity(spec, checks, arch, runs, batch, config)
         figures, trained = training_parity(spec, checks, arch, runs, data, config)
         parity += figures
-        statistics += running_statistics(spec, checks, arch, trained)
+        parting = {f["frameworks"]: f["parting_step"] for f in figures}
+        statistics += running_statistics(spec, checks, arch, trained, runs, parting)
         clock.lap(arch)
     data_parallel = data_parallel_parity(spec, checks, data, judged)
     clock.lap("data_parallel")
+    checks.judge_nulls(spec.tolerances.null_alpha)
     failures = checks.failures()
     report = {
         "passed": not failures,

@@ -3,10 +3,10 @@
 Each framework's N-worker run against the same framework's single-process run (the claim: the engine's
 data-parallel training is the same training), and the N-worker runs of the frameworks against each other, with
 the trained-run bounds of params.yaml's tolerances (a model's tolerances.models and data_parallel.bounds
-applied): step-1 loss, every first-epoch step, test loss, test
-accuracy, plus the final weight difference as a figure. Test figures are computed here from each run's trained
-canonical weights with the float64 reference forward, the same way for both sides of every pair: nothing is
-taken from the stage that trained them.
+applied): step-1 loss, every step of the lockstep window (tolerances.lockstep_steps; the step where the runs part
+is a figure), test loss, test accuracy, plus the final weight difference as a figure. Test figures are computed
+here from each run's trained canonical weights with the float64 reference forward, the same way for both sides of
+every pair: nothing is taken from the stage that trained them.
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ import itertools
 from typing import Any
 
 from pipelines import paths
-from pipelines.stages.train_logs import read_step_losses
+from pipelines.stages.train_logs import lockstep_figures, read_step_losses
 from rosetta_common.data import Dataset
 from rosetta_common.errors import RosettaError
 from rosetta_common.metrics import accuracy, max_abs_diff, relative_diff, softmax_cross_entropy
 from rosetta_common.reference import forward
-from rosetta_common.spec import ModelConfig, Spec
+from rosetta_common.spec import ModelConfig, Spec, TolerancesSpec
 from rosetta_common.training import TrainPlan, plan
 from rosetta_common.weights import Weights, load_weights
 
@@ -37,12 +37,9 @@ class Run:
         self.test_accuracy = accuracy(logits, data.test_labels)
 
 
-def compare(a: Run, b: Run, steps_per_epoch: int) -> dict[str, float]:
-    rel = relative_diff(a.losses, b.losses)
+def compare(a: Run, b: Run, steps_per_epoch: int, tol: TolerancesSpec) -> dict[str, Any]:
     return {
-        "step1_loss_rel": float(rel[0]),
-        "first_epoch_loss_max_rel": float(rel[:steps_per_epoch].max()),
-        "all_steps_loss_max_rel": float(rel.max()),
+        **lockstep_figures(a.losses, b.losses, steps_per_epoch, tol),
         "test_loss_rel": float(relative_diff(a.test_loss, b.test_loss)),
         "test_accuracy_diff_points": 100 * abs(a.test_accuracy - b.test_accuracy),
         "final_weights_max_abs": max(max_abs_diff(a.weights[k], b.weights[k]) for k in a.weights),
@@ -50,7 +47,7 @@ def compare(a: Run, b: Run, steps_per_epoch: int) -> dict[str, float]:
 
 
 CHECKS = (("dp_step1_loss_rel", "step1_loss_rel", "step1_loss_rel"),
-          ("dp_first_epoch_loss_rel", "first_epoch_loss_max_rel", "first_epoch_loss_rel"),
+          ("dp_lockstep_loss_rel", "lockstep_loss_max_rel", "lockstep_loss_rel"),
           ("dp_test_loss_rel", "test_loss_rel", "test_loss_rel"),
           ("dp_test_accuracy_points", "test_accuracy_diff_points", "test_accuracy_points"))
 
@@ -81,7 +78,7 @@ def data_parallel_parity(spec: Spec, checks: Any, data: Dataset, intact: set[tup
         pairs += [(f"{a}-dp", parallel[a], f"{b}-dp", parallel[b]) for a, b in itertools.combinations(parallel, 2)]
         for name_a, run_a, name_b, run_b in pairs:
             fig = {"model": arch, "runs": f"{name_a}|{name_b}", "workers": dp.workers,
-                   **compare(run_a, run_b, train_plan.steps_per_epoch)}
+                   **compare(run_a, run_b, train_plan.steps_per_epoch, tol)}
             for check, figure, bound in CHECKS:
                 checks.add(arch, f"{name_a}|{name_b}", check, fig[figure], getattr(tol, bound))
             figures.append(fig)

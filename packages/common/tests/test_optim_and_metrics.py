@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from rosetta_common.metrics import accuracy, max_abs_diff, relative_diff, softmax_cross_entropy
+from rosetta_common.metrics import accuracy, max_abs_diff, parting_step, relative_diff, softmax_cross_entropy
 from rosetta_common.optim import adam_bias_corrections, adam_step, sgd_step
 from rosetta_common.spec import AdamSpec, SGDSpec
 
@@ -34,3 +34,11 @@ def test_metrics():
     np.testing.assert_allclose(relative_diff([1.0, 0.0, -2.0], [1.1, 0.0, -1.0]), [0.1 / 1.1, 0.0, 0.5])
     with pytest.raises(ValueError, match="shapes differ"):
         max_abs_diff(np.ones(2), np.ones(3))
+
+
+def test_parting_step_is_the_first_step_beyond_the_lockstep_tolerance() -> None:
+    a = np.array([1.0, 0.9, 0.8, 0.7, 0.6])
+    assert parting_step(a, a.copy(), 1e-5) is None
+    b = a * np.array([1, 1 + 5e-6, 1 + 2e-5, 1, 1 + 1e-3])  # within, beyond, back within, beyond
+    assert parting_step(a, b, 1e-5) == 3
+    assert parting_step(a, b, 1e-2) is None

@@ -14,7 +14,9 @@ from rosetta_common.weights import (
     canonical_shapes,
     check_weights,
     init_weights,
+    is_statistic,
     load_weights,
+    perturbed,
     random_weights,
     read_metadata,
     save_weights,
@@ -119,3 +121,25 @@ def test_reference_forward_pieces():
         assert logits.shape == (3, 10) and np.isfinite(logits).all()
         # batch independence: each row depends only on its own image
         np.testing.assert_allclose(forward(c, w, images[1:2]), logits[1:2], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("arch", ["cnn", "resnet"])
+def test_a_replicate_moves_every_trainable_weight_by_one_ulp(arch: str) -> None:
+    """The null's replicates (params.yaml replicates): every trainable element one float32 step away, in both
+    directions, statistics untouched; the same for the same replicate, other signs for another."""
+    init = init_weights(config(arch), seed=0)
+    first, _ = perturbed(init, 1)
+    again, _ = perturbed(init, 1)
+    second, _ = perturbed(init, 2)
+    for name, value in init.items():
+        if is_statistic(name):
+            assert np.array_equal(first[name], value), name
+            continue
+        steps = np.abs(first[name].view(np.int32).astype(np.int64) - value.view(np.int32).astype(np.int64))
+        assert (steps == 1).all() or (np.abs(value) == 0).any(), name  # one ulp (crossing 0 is another bit pattern)
+        assert first[name].dtype == value.dtype and np.array_equal(first[name], again[name]), name
+        up = first[name] > value
+        assert 0 < up.mean() < 1, f"{name}: one direction only"
+        assert not np.array_equal(first[name], second[name]), name
+    with pytest.raises(ValueError):
+        perturbed(init, 0)

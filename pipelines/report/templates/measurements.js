@@ -141,4 +141,16 @@
     (env.python ? ", Python " + env.python : "") + ". Latency: medians after warm-up, interleaved repeats; above 1, " +
     "ONNX Runtime is faster. These figures are the last train_export run's on this machine: they may predate " +
     "the artifacts above (after `dvc pull`, or a run elsewhere).", "note");
+  // The CPU the stages last ran on (measurements/cpu.json), in the environment section: its instruction sets pick
+  // the kernels of oneDNN, MKL, XLA, OpenBLAS and ONNX Runtime (README, "The same bytes on any CPU with AVX2").
+  // The environment section comes after this script in the page: drawn once the page is parsed.
+  document.addEventListener("DOMContentLoaded", function () {
+    var cpu = window.ROSETTA_CPU;
+    var where = document.getElementById("environment-cpu");
+    if (!cpu || !where) { return; }
+    where.textContent = "";
+    add(where, "p", "CPU of the last stage run on this machine (measurements/cpu.json, not lineage): " + cpu.model +
+      ", " + cpu.logical_cores + " logical cores, " + cpu.machine + "; instruction sets: " +
+      ((cpu.isa || []).join(" ") || "none read") + ". The stages cap oneDNN, MKL, XLA and OpenBLAS at AVX2.", "note");
+  });
 })();

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -48,3 +48,10 @@ def inference_mode_problems(predict: Callable[[np.ndarray], np.ndarray], images:
         problems.append(f"an image's logits change by {batch_diff:.3g} with the rest of its batch "
                         "(batch statistics in use?)")
     return problems
+
+
+def parting_step(a: Sequence[float], b: Sequence[float], tolerance: float) -> int | None:
+    """The first step (1-based) whose losses differ by more than `tolerance` (relative_diff): where two runs stop
+    being in lockstep. None while they agree at every step."""
+    beyond = np.flatnonzero(relative_diff(np.asarray(a, np.float64), np.asarray(b, np.float64)) > tolerance)
+    return int(beyond[0]) + 1 if beyond.size else None

@@ -209,7 +209,7 @@ class TrainedRunBounds(_Section):
 
     reason: Annotated[str, Field(min_length=10)]
     step1_loss_rel: PositiveFloat | None = None
-    first_epoch_loss_rel: PositiveFloat | None = None
+    lockstep_loss_rel: PositiveFloat | None = None
     test_loss_rel: PositiveFloat | None = None
     test_accuracy_points: PositiveFloat | None = None
     running_stats_rel: PositiveFloat | None = None
@@ -227,7 +227,16 @@ class TolerancesSpec(_Section):
     native_roundtrip_rel: Annotated[float, Field(ge=0)] = 1e-7
     forward_parity_abs: PositiveFloat = 1e-5
     step1_loss_rel: PositiveFloat = 1e-6
-    first_epoch_loss_rel: PositiveFloat = 1e-5
+    # Two runs are in lockstep while every step's loss agrees to this (fp32 rounding of a batch-mean loss is ~1e-7;
+    # a few rounding differences carried through the weights stay well below it). The first step beyond it is the
+    # pair's parting step; every step of the first `lockstep_steps` must be within it, for every model.
+    lockstep_loss_rel: PositiveFloat = 1e-5
+    lockstep_steps: PositiveInt = 20
+    # After two runs part, an end-of-training figure that misses its strict bound below is judged against the
+    # measured null: the same figure between each framework's run and its own one-ulp replicates (see
+    # ReplicatesSpec). It fails when the cross-framework values are larger than the within-framework ones by an
+    # exact one-sided permutation test at this level, Holm-corrected over every such test of the run.
+    null_alpha: Annotated[float, Field(gt=0, lt=1)] = 0.05
     test_loss_rel: PositiveFloat = 1e-3
     test_accuracy_points: PositiveFloat = 0.6
     # BatchNorm running mean and variance after training, pairwise: max |a - b| of a layer's statistic over its
@@ -252,6 +261,19 @@ class TolerancesSpec(_Section):
         if override is None:
             return self
         return self.model_copy(update=override.model_dump(exclude_none=True, exclude={"reason"}))
+
+
+class ReplicatesSpec(_Section):
+    """The measured null of chaotic training: each train_export run also trains `count` replicates of every model
+    (train and score only, no export), replicate i from the shared init with one weight moved by one ulp
+    (rosetta_common.weights.perturbed: the same weight in every framework). Where two frameworks' runs part, what
+    separates a framework from its own replicates is what rounding alone does to that model."""
+
+    count: Annotated[int, Field(ge=0, le=50)] = 5
+    # The models that train them: those whose runs part and whose end-of-training figures then miss their float32
+    # bounds (measured, README "What the validate stage checks"). Any other model that parts and misses a bound
+    # fails, naming this list: the list can only be too short to pass, never make a check pass.
+    models: list[Architecture] = []
 
 
 class DataParallelSpec(_Section):
@@ -306,6 +328,7 @@ class Spec(_Section):
     quality: QualitySpec = QualitySpec()
     export: ExportSpec = ExportSpec()
     tolerances: TolerancesSpec = TolerancesSpec()
+    replicates: ReplicatesSpec = ReplicatesSpec()
     data_parallel: DataParallelSpec = DataParallelSpec()
     sources: dict[DataSource, SourceOverrides] = {}
 

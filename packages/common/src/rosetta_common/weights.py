@@ -204,6 +204,26 @@ def check_weights(weights: Mapping[str, np.ndarray], config: ModelConfig, source
             raise WeightsError(f"{source}: {name} holds {int((~np.isfinite(value)).sum())} non-finite values")
 
 
+def perturbed(weights: Mapping[str, np.ndarray], replicate: int) -> tuple[Weights, str]:
+    """Replicate `replicate` (1, 2, ...) of an init: a copy with every trainable weight moved by one ulp
+    (np.nextafter), up or down by a sign drawn from a generator seeded with `replicate`, and a description. The
+    same weights in every framework, so replicate i is one run of the same experiment in each; batches, dropout
+    masks and everything else are unchanged. Every weight rather than one: one ulp in one place (one weight of
+    conv1) left TF's and JAX's cnn in lockstep with their own runs for 88 steps, where their runs parted from each
+    other's at step 37, so a single-weight replicate does not show what rounding does in every op."""
+    if replicate < 1:
+        raise ValueError(f"replicate {replicate}: replicates are numbered from 1")
+    rng = np.random.default_rng(replicate)
+    moved: Weights = {}
+    for name, value in weights.items():
+        if is_statistic(name):
+            moved[name] = value
+            continue
+        direction = np.where(rng.random(value.shape) < 0.5, -np.inf, np.inf).astype(value.dtype)
+        moved[name] = np.nextafter(value, direction)
+    return moved, f"every trainable weight +- 1 ulp, signs from default_rng({replicate})"
+
+
 def count_parameters(weights: Mapping[str, np.ndarray]) -> int:
     return int(sum(v.size for v in weights.values()))
 

@@ -1,0 +1,73 @@
+"""The instruction-set pins (pipelines/environments.py ISA_PINS and XLA's cap): every stage runs with them,
+whatever the caller's environment says, and a train_export run gives the same bytes with the host's own choice
+as with a cap below the floor set by the caller (README, "The same bytes on any CPU with AVX2").
+
+benchmarks/isa_pins.py shows, per runtime, that each switch is read (a cap below the floor, set inside the stage,
+changes that framework's bytes on this CPU): that is what makes the second test able to fail here."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lineage_support import copy_run
+from pipelines.environments import ISA_FLOOR, ISA_PINS, stage_environment
+from support import TinyRun
+
+# A caller's caps below the floor, per runtime (benchmarks/isa_pins.py: each changes its framework's bytes here).
+BELOW = {"ONEDNN_MAX_CPU_ISA": "AVX", "MKL_CBWR": "COMPATIBLE,STRICT", "XLA_FLAGS": "--xla_cpu_max_isa=AVX"}
+
+
+def test_every_stage_gets_the_pins_whatever_the_caller_set(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    for name, value in BELOW.items():
+        monkeypatch.setenv(name, value)
+    env = stage_environment("jax", tmp_path)
+    for name, value in ISA_PINS.items():
+        assert env[name] == value, name
+    flags = env["XLA_FLAGS"].split()
+    assert [f for f in flags if f.startswith("--xla_cpu_max_isa")] == [f"--xla_cpu_max_isa={ISA_FLOOR}"], flags
+
+
+def artifact_hashes(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def pinned_copy(tiny_pipeline: TinyRun, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The session's finished TINY run, copied, without replicates (they add minutes and nothing to this test)."""
+    root = copy_run(tiny_pipeline.root, tmp_path_factory.mktemp("isa") / "repo")
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["replicates"]["count"] = 0
+    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    return root
+
+
+@pytest.mark.parametrize("framework", ["torch", "tf", "jax"])
+def test_train_export_bytes_do_not_move_with_the_callers_caps(pinned_copy: Path, tiny_pipeline: TinyRun,
+                                                               framework: str) -> None:
+    """cnn (convolutions: oneDNN; matmuls: MKL, oneDNN's sgemm, XLA) trained and exported twice: as a user runs it,
+    and with every cap below the floor in the caller's environment. The pins must win: the same files, byte for
+    byte."""
+    folder = pinned_copy / "artifacts" / framework / "cnn"
+    command = [sys.executable, "-m", "pipelines.runner", framework, "--", "python", "-m",
+               "pipelines.stages.train_export", framework, "cnn"]
+    runs = []
+    for extra in ({}, BELOW):
+        result = subprocess.run(command, cwd=pinned_copy, env={**tiny_pipeline.env, **extra}, capture_output=True,
+                                text=True, check=False)
+        assert result.returncode == 0, result.stderr[-3000:]
+        runs.append(artifact_hashes(folder))
+    moved = sorted(k for k in runs[0].keys() | runs[1].keys() if runs[0].get(k) != runs[1].get(k))
+    assert not moved, f"{framework} cnn files that a caller's caps moved: {moved}"
+
+
+def test_the_benchmark_varies_exactly_the_runners_pins() -> None:
+    from benchmarks.isa_pins import PINNED
+
+    assert set(PINNED) == set(ISA_PINS) | {"OPENBLAS_CORETYPE"}, "benchmarks/isa_pins.py must vary every pin"

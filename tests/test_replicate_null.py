@@ -1,0 +1,49 @@
+"""The validate stage's measured null (pipelines/stages/replicate_null.py): the exact permutation test and Holm's
+procedure, against brute force and against the textbook cases."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from pipelines.stages.replicate_null import cross_and_within, holm_rejected, mid_ranks, rank_sum_p
+
+
+def brute_force_p(cross: list[float], within: list[float]) -> float:
+    pooled = np.asarray([*cross, *within], np.float64)
+    ranks = mid_ranks(pooled)
+    observed = ranks[: len(cross)].sum()
+    splits = list(itertools.combinations(range(len(pooled)), len(cross)))
+    return sum(ranks[list(s)].sum() >= observed - 1e-9 for s in splits) / len(splits)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_rank_sum_p_is_the_exact_permutation_p_value_with_ties(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    cross, within = list(rng.integers(0, 4, 6).astype(float)), list(rng.integers(0, 4, 10).astype(float))
+    assert rank_sum_p(cross, within) == pytest.approx(brute_force_p(cross, within), abs=1e-12)
+
+
+def test_rank_sum_p_extremes() -> None:
+    k = 5
+    cross = [10.0 + i for i in range(k + 1)]  # every cross distance above every within one
+    within = [float(i) for i in range(2 * k)]
+    assert rank_sum_p(cross, within) == pytest.approx(1 / math.comb(3 * k + 1, k + 1))
+    assert rank_sum_p(within[: k + 1], cross + within[k + 1:]) == pytest.approx(1.0)
+    assert rank_sum_p([0.0] * 4, [0.0] * 6) == 1.0  # all tied: no evidence either way
+
+
+def test_cross_and_within_pairs_replicate_i_with_replicate_i() -> None:
+    cross, within = cross_and_within(0.0, 1.0, [0.1, 0.2], [1.5, 1.0], lambda x, y: abs(x - y))
+    assert cross == [1.0, 1.4, 0.8]
+    assert within == pytest.approx([0.1, 0.2, 0.5, 0.0])
+
+
+def test_holm_rejects_step_down() -> None:
+    assert holm_rejected([0.001, 0.2, 0.01], 0.05) == [True, False, True]  # 0.001 <= 0.05/3, 0.01 <= 0.05/2
+    assert holm_rejected([0.02, 0.03], 0.05) == [True, True]  # 0.02 <= 0.025, then 0.03 <= 0.05
+    assert holm_rejected([0.03, 0.03], 0.05) == [False, False]  # 0.03 > 0.025 stops at the first
+    assert holm_rejected([], 0.05) == []
