@@ -57,12 +57,12 @@ lint: $(VENV)/.installed
 # (checked in a fresh copy of this checkout without outputs, as CI sees it).
 .PHONY: lock-check
 lock-check: $(VENV)/.installed
-	python -m pipelines.lock_check
+	python -m tooling.dvc_lock_check
 
 locks: $(VENV)/.installed
 	python -m uv pip compile pyproject.toml --generate-hashes --python-version 3.11 \
 		--python-platform x86_64-manylinux_2_28 --no-header --no-annotate --quiet -o requirements.lock
-	python -m pipelines.lock
+	python -m tooling.env_locks
 
 clean-envs:
 	rm -rf .envs
@@ -71,7 +71,7 @@ clean-envs:
 # a Debian base made with debootstrap, wheels downloaded on the host, a container engine started if none answers.
 .PHONY: images test-containers
 images: $(VENV)/.installed
-	python -m pipelines.images build --variant cpu
+	python -m tooling.images build --variant cpu
 
 # Builds the CPU images, then runs the whole pipeline in them (ROSETTA_RUNTIME=container) in a temporary copy.
 test-containers: $(VENV)/.installed
@@ -81,13 +81,13 @@ test-containers: $(VENV)/.installed
 # wheels. Several GB of wheels, so none of these is part of `make test`.
 .PHONY: images-cuda smoke-cuda test-cuda gpu-check
 images-cuda: $(VENV)/.installed
-	python -m pipelines.images build --variant cuda --clean
+	python -m tooling.images build --variant cuda --clean
 
 # The smoke check in each CUDA image: CUDA builds present, CUDAExecutionProvider listed, TF32 off, and where no GPU
 # is visible one line saying the framework runs on the CPU.
 smoke-cuda: $(VENV)/.installed
 	for env in torch tf jax validation; do \
-		ROSETTA_RUNTIME=container ROSETTA_VARIANT=cuda python -m pipelines.runner $$env -- python -m pipelines.gpu_smoke \
+		ROSETTA_RUNTIME=container ROSETTA_VARIANT=cuda python -m pipelines.runner $$env -- python -m tooling.cuda_smoke \
 			|| exit 1; \
 	done
 
@@ -98,4 +98,4 @@ test-cuda: $(VENV)/.installed
 # On a GPU host with the NVIDIA Container Toolkit: the CUDA images on the GPU, the tiny pipeline, a report in
 # reports/gpu-check/. Refuses in one line anywhere else.
 gpu-check: $(VENV)/.installed
-	python -m pipelines.gpu_check
+	python -m tooling.gpu_check

@@ -37,8 +37,9 @@ those would take under --min-steady-seconds, 0.5 s: an unrecorded run of ours me
 repeats, one thread per runtime (--threads; see DEFAULT_THREADS), and the slow models on a subset of their
 training images (--limit; see DEFAULT_LIMITS).
 
-Writes measurements/throughput.json (measurements/ is git- and DVC-ignored: timings are not lineage) and
-regenerates measurements/timings.js, so the report page's measurements section shows the table.
+Writes measurements/throughput.json (measurements/ is git- and DVC-ignored: timings are not lineage), the table
+the report shows as measurements/throughput_table.json (pipelines.measurements.THROUGHPUT_TABLE says its form),
+and regenerates measurements/timings.js, so the report page's measurements section shows the table.
 """
 
 from __future__ import annotations
@@ -58,9 +59,10 @@ from typing import Any
 from rosetta_common.io import write_text
 
 REPO = Path(__file__).resolve().parents[1]
-# pipelines.measurements.THROUGHPUT: the report's measurements section shows it (through timings.js, which
-# `python -m pipelines.measurements` regenerates; run, not imported: pipelines imports benchmarks, not the reverse).
 OUT = REPO / "measurements" / "throughput.json"
+# pipelines.measurements.THROUGHPUT_TABLE: the report's measurements section shows it (through timings.js, which
+# `python -m pipelines.measurements` regenerates; run, not imported: pipelines never imports benchmarks).
+TABLE_OUT = REPO / "measurements" / "throughput_table.json"
 FRAMEWORKS = ("torch", "tf", "jax")
 MODELS = ("mlp", "cnn", "attention", "resnet", "lstm", "gru")  # rosetta_common.spec.ARCHITECTURES
 SCALES = ("digits", "mnist5k")
@@ -224,6 +226,25 @@ def summarize(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+def report_table(rows: list[dict[str, Any]], settings: dict[str, Any]) -> dict[str, Any]:
+    """summarize()'s rows in the form pipelines.measurements.THROUGHPUT_TABLE documents, for the report."""
+    flat = []
+    for row in rows:
+        ours, idiomatic = row["loops"]["ours"], row["loops"]["idiomatic"]
+        flat.append({
+            "scale": row["scale"], "framework": row["framework"], "model": row["model"],
+            "samples_per_epoch": ours["samples_per_epoch"], "epochs": row["epochs"],
+            "ours_samples_per_second": ours["steady_samples_per_second"],
+            "idiomatic_samples_per_second": idiomatic["steady_samples_per_second"],
+            "ratio": row["ratio"], "ratio_range": [min(idiomatic["ratio_per_repeat"]),
+                                                   max(idiomatic["ratio_per_repeat"])],
+            "verdict": row["verdict_short"], "why": row["verdict"],
+            "ours_first_epoch_seconds": ours["first_epoch_seconds"],
+            "idiomatic_first_epoch_seconds": idiomatic["first_epoch_seconds"],
+        })
+    return {"settings": settings, "rows": flat}
+
+
 def table(rows: list[dict[str, Any]], named: dict[str, dict[str, Any]]) -> str:
     header = ("scale", "framework", "model", "samples", "epochs", "ours samples/s", "idiomatic samples/s", "ratio",
               "ratio range", "verdict", "ours 1st epoch s", "idiomatic 1st epoch s")
@@ -286,11 +307,12 @@ def main(argv: list[str] | None = None) -> int:
                                    "only_for": result["only_for"]} for result in results}
     report = table(rows, named)
     print(report)
+    settings = {"epochs": args.epochs, "min_steady_seconds": args.min_steady_seconds, "repeats": args.repeats,
+                "limits": {f"{m}@{s}": n for (m, s), n in args.limits.items()},
+                "tricks": args.tricks, "threads": args.threads}
     write_text(args.out, json.dumps({
         "what": "steady training samples/s, ours vs each framework's idiomatic loop, side by side in one run",
-        "settings": {"epochs": args.epochs, "min_steady_seconds": args.min_steady_seconds, "repeats": args.repeats,
-                     "limits": {f"{m}@{s}": n for (m, s), n in args.limits.items()},
-                     "tricks": args.tricks, "threads": args.threads},
+        "settings": settings,
         "machine": {"platform": platform.platform(), "processor": platform.processor(), "cores": os.cpu_count()},
         "rows": rows, "tricks": named, "parity_costs": PARITY_COSTS,
         "workers": [{k: r[k] for k in ("framework", "import_seconds", "process_seconds", "environment")}
@@ -298,6 +320,7 @@ def main(argv: list[str] | None = None) -> int:
         "raw": results, "table": report, "seconds": time.perf_counter() - started,
     }, indent=1))
     if args.out == OUT:  # the report's measurements section shows its table
+        write_text(TABLE_OUT, json.dumps(report_table(rows, settings), indent=1))
         subprocess.run([sys.executable, "-m", "pipelines.measurements"], cwd=REPO, check=True)
     print(f"\nwrote {args.out.relative_to(REPO) if args.out.is_relative_to(REPO) else args.out} "
           f"({time.perf_counter() - started:.0f} s)", file=sys.stderr)

@@ -113,7 +113,7 @@ def main(argv: list[str]) -> int:
 
 
 def environment(framework: str) -> dict[str, Any]:
-    from benchmarks import latency
+    from pipelines import latency
 
     return {"threads": latency.framework_threads(framework), "cores": latency.available_cores()}
 

@@ -12,8 +12,9 @@ Two kinds of record:
   the interpreter, the imports, then each phase in order), so the start-up cost of every stage can be read after
   any run (`StageClock`).
 
-A third, written by `benchmarks/train_throughput.py` (not a stage): `measurements/throughput.json`, our train()
-beside each framework's idiomatic loop; `timings.js` carries its table too, so the report shows it.
+A third, written by `benchmarks/train_throughput.py` (not a stage): `measurements/throughput_table.json`, our
+train() beside each framework's idiomatic loop as the report shows it (`THROUGHPUT_TABLE` says its form; the
+benchmark's own, fuller file is its business); `timings.js` carries it too, so the report shows it.
 
 Each writer regenerates the aggregate files (`timings.js`, `latency.csv`, `metrics/*.json`) from every
 record present, so they are current whichever stage ran last.
@@ -36,8 +37,13 @@ TIMINGS_JS = ROOT / "timings.js"  # loaded by reports/comparison/report.html as 
 LATENCY_CSV = ROOT / "latency.csv"  # for `dvc plots show`
 METRICS = ROOT / "metrics"  # one flat file per model and framework, for `dvc metrics show`
 STAGES = ROOT / "stages"  # one record per stage: its start-up breakdown and phases
-THROUGHPUT = ROOT / "throughput.json"  # benchmarks/train_throughput.py's last run
 CPU = ROOT / "cpu.json"  # the CPU these measurements (and this run's last bits) came from
+# The last training-throughput benchmark's table, which benchmarks/train_throughput.py writes for the report:
+# {"settings": {...}, "rows": [{"scale", "framework", "model", "samples_per_epoch", "epochs",
+# "ours_samples_per_second", "idiomatic_samples_per_second", "ratio", "ratio_range": [lo, hi], "verdict", "why",
+# "ours_first_epoch_seconds", "idiomatic_first_epoch_seconds"}, ...]}. This file is the whole interface: pipelines
+# never reads the benchmark's own output nor imports it.
+THROUGHPUT_TABLE = ROOT / "throughput_table.json"
 NOT_RUNS = (METRICS.name, STAGES.name)  # folders under ROOT that hold no per-run record
 
 
@@ -71,27 +77,16 @@ def read_stages(root: Path = ROOT) -> dict[str, dict[str, Any]]:
 
 
 def throughput_table(root: Path = ROOT) -> dict[str, Any] | None:
-    """The rows of the last training-throughput benchmark (benchmarks/train_throughput.py) as the report shows
-    them, or None if it has not run here (or its file is unreadable)."""
+    """The last training-throughput benchmark's table (THROUGHPUT_TABLE) as the report shows it, or None if it
+    has not run here (or its file is unreadable or not of that form)."""
     try:
-        run = json.loads((root / THROUGHPUT.name).read_text())
-        rows = []
-        for row in run["rows"]:
-            ours, idiomatic = row["loops"]["ours"], row["loops"]["idiomatic"]
-            rows.append({
-                "scale": row["scale"], "framework": row["framework"], "model": row["model"],
-                "samples_per_epoch": ours["samples_per_epoch"], "epochs": row["epochs"],
-                "ours_samples_per_second": ours["steady_samples_per_second"],
-                "idiomatic_samples_per_second": idiomatic["steady_samples_per_second"],
-                "ratio": row["ratio"], "ratio_range": [min(idiomatic["ratio_per_repeat"]),
-                                                       max(idiomatic["ratio_per_repeat"])],
-                "verdict": row["verdict_short"], "why": row["verdict"],
-                "ours_first_epoch_seconds": ours["first_epoch_seconds"],
-                "idiomatic_first_epoch_seconds": idiomatic["first_epoch_seconds"],
-            })
-    except (OSError, ValueError, KeyError, TypeError):
+        table = json.loads((root / THROUGHPUT_TABLE.name).read_text())
+        settings, rows = table.get("settings", {}), table["rows"]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
-    return {"settings": run.get("settings", {}), "rows": rows}
+    if not isinstance(settings, dict) or not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        return None
+    return {"settings": settings, "rows": rows}
 
 
 # The instruction sets that decide which kernels oneDNN, MKL, XLA, OpenBLAS and ONNX Runtime's MLAS run (and so

@@ -270,13 +270,14 @@ def _throughput_results() -> list[dict[str, Any]]:
 
 def make_measurements(root: Path, *, skip: tuple[tuple[str, str], ...] = (), throughput: bool = False) -> Path:
     """measurements/ under `root`, written record by record by pipelines.measurements (timings.js included);
-    with `throughput`, also a training-throughput benchmark's file, its rows from the benchmark's own summarize()."""
-    from benchmarks.train_throughput import summarize
+    with `throughput`, also a training-throughput benchmark's table, from the benchmark's own summarize() and
+    report_table()."""
+    from benchmarks.train_throughput import report_table, summarize
     from pipelines import measurements
 
     if throughput:
-        write_json(root / measurements.THROUGHPUT, {"settings": {"epochs": 3, "repeats": 2},
-                                                    "rows": summarize(_throughput_results())})
+        write_json(root / measurements.THROUGHPUT_TABLE,
+                   report_table(summarize(_throughput_results()), {"epochs": 3, "repeats": 2}))
 
     for model in MODELS:
         for fw in FRAMEWORKS:
@@ -311,7 +312,7 @@ def make_artifacts(root: Path, *, failing: bool = False, models: list[str] = MOD
     (root / "pyproject.toml").write_text((REPO / "pyproject.toml").read_text())
     (root / "requirements.lock").write_text("numpy==2.4.6 \\\n    --hash=sha256:00\n")
     for env, package in {"torch": "packages/torch_impl", "tf": "packages/tf_impl", "jax": "packages/jax_impl",
-                         "validation": "pipelines/validation"}.items():
+                         "validation": "packages/validation"}.items():
         (root / package).mkdir(parents=True, exist_ok=True)
         (root / package / "pyproject.toml").write_text((REPO / package / "pyproject.toml").read_text())
         (root / package / "requirements-cpu.lock").write_text((REPO / package / "requirements-cpu.lock").read_text())

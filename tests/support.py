@@ -6,25 +6,27 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, NamedTuple
-
-import yaml
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "packages/common/src"))
 sys.path.insert(0, str(REPO))
 
-
-def orchestrator_env(**extra: str) -> dict[str, str]:
-    """The orchestrator's interpreter first on PATH (dvc.yaml says `python`), common importable."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "packages/common/src"), str(REPO)])
-    return {**env, **extra}
+# The tiny run (its params, the copy, the environment) is tooling's, shared with `make gpu-check`; the tests
+# take it from here as before.
+from tooling.tiny_run import (  # noqa: E402, F401  (needs the path above; re-exported for the tests)
+    MODELS,
+    TINY,
+    TinyRun,
+    copy_repo,
+    merge,
+    orchestrator_env,
+    run_tiny_pipeline,
+    sh,
+)
 
 
 def run_in(env_name: str, code: str, cwd: Path = REPO, **extra: str) -> subprocess.CompletedProcess[str]:
@@ -38,85 +40,12 @@ def run_in(env_name: str, code: str, cwd: Path = REPO, **extra: str) -> subproce
     )
 
 
-def sh(cmd: list[str], cwd: Path, env: dict[str, str], check: bool = True) -> subprocess.CompletedProcess[str]:
-    """Run a command; with `check`, a failure raises with the tail of its output (DVC's is long)."""
-    result = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, check=False)
-    if check and result.returncode != 0:
-        raise AssertionError(
-            f"{' '.join(cmd)} failed ({result.returncode}):\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
-        )
-    return result
-
-
 def ran_stages(output: str) -> set[str]:
     return set(re.findall(r"Running stage '([^']+)'", output))
 
 
 # The validate stage exactly as dvc.yaml runs it, for tests that rerun it alone on edited artifacts.
 VALIDATE = ["python", "-m", "pipelines.runner", "validation", "--", "python", "-m", "pipelines.stages.validate"]
-
-
-# Params small enough for a whole-pipeline test: every model, stage and check runs, in minutes.
-MODELS = ["mlp", "cnn", "attention", "resnet", "lstm", "gru"]
-TINY = {
-    "models": MODELS,
-    "train": {"epochs": 2, "batch_size": 32, "optimizer": "adam"},
-    "architecture": {
-        "attention": {"embed_dim": 32, "num_heads": 4, "mlp_dim": 32},
-        "resnet": {"stem_filters": 8, "block_filters": 16},
-        "lstm": {"hidden": 32},
-        "gru": {"hidden": 32},
-    },
-    "quality": {"min_test_accuracy": {"mlp": 0.5, "cnn": 0.5, "attention": 0.3, "resnet": 0.3, "lstm": 0.3,
-                                      "gru": 0.3}},
-    "export": {"validation_batch_size": 16, "parity_batch_sizes": [1, 7, 1024]},
-    "replicates": {"count": 3},  # the null's smallest p-value is then 1/210: room for Holm over a few tests
-    "data_parallel": {"workers": 2},  # train_dp@<framework> on: mlp, cnn and attention on two workers each
-}
-
-
-def merge(base: dict, override: dict) -> dict:
-    out = dict(base)
-    for key, value in override.items():
-        out[key] = merge(base.get(key, {}), value) if isinstance(value, dict) else value
-    return out
-
-
-def copy_repo(root: Path, env: dict[str, str]) -> None:
-    """This checkout as the user sees it (tracked and untracked, not ignored) in `root`, with TINY params,
-    committed to a fresh git repository (DVC wants one)."""
-    listed = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
-        cwd=REPO, capture_output=True, text=True, check=True,
-    ).stdout.split("\0")
-    for rel in filter(None, listed):
-        if (REPO / rel).is_file():
-            (root / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(REPO / rel, root / rel)
-    params = merge(yaml.safe_load((REPO / "params.yaml").read_text()), TINY)
-    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    git = ["git", "-c", "user.name=rosetta", "-c", "user.email=rosetta@localhost"]
-    for cmd in (["git", "init", "-q"], [*git, "add", "-A"], [*git, "commit", "-qm", "copy"]):
-        subprocess.run(cmd, cwd=root, env=env, check=True, capture_output=True)
-
-
-class TinyRun(NamedTuple):
-    """A finished `dvc repro` of a TINY copy: its root, the environment it ran with, and DVC's output."""
-
-    root: Path
-    env: dict[str, str]
-    output: str
-
-
-def run_tiny_pipeline(root: Path) -> TinyRun:
-    """Copy this checkout to `root` with TINY params and run the whole pipeline there for real. The copy
-    shares this checkout's environments (ROSETTA_ENVS_DIR), so nothing is rebuilt."""
-    from pipelines.runner import envs_dir  # here, not at the top: most users of support never need it
-
-    env = orchestrator_env(ROSETTA_ENVS_DIR=str(envs_dir()))
-    copy_repo(root, env)
-    first = sh(["dvc", "repro"], root, env)
-    return TinyRun(root, env, first.stdout + first.stderr)
 
 
 def replace_file(path: Path, data: bytes) -> None:

@@ -23,10 +23,11 @@ from pathlib import Path
 import pytest
 
 from integrity_support import tree
-from pipelines import containers, images, paths
+from pipelines import containers, paths
 from pipelines.containers import Engine
 from pipelines.environments import ENVIRONMENTS, lock_path, lock_sha256
 from support import REPO, copy_repo, orchestrator_env
+from tooling import images
 
 RECIPES = sorted((REPO / "containers").glob("*.Dockerfile"))
 UID, GID = 4242, 4343
@@ -284,7 +285,7 @@ def test_missing_image_names_the_command_that_builds_it(monkeypatch):
     monkeypatch.setattr(containers, "image_labels", lambda engine, image: None)
     with pytest.raises(
         SystemExit,
-        match=r"image rosetta-tf:cpu is missing .*python -m pipelines.images build "
+        match=r"image rosetta-tf:cpu is missing .*python -m tooling.images build "
         r"--variant cpu tf \(or: make images\)",
     ):
         containers.check_image(Engine("docker"), "tf", "cpu")
@@ -347,7 +348,7 @@ def built_images(engine) -> dict[str, float]:
     except (SystemExit, subprocess.CalledProcessError) as exc:  # no debootstrap, not root, no Debian mirror
         pytest.skip(f"the local base image {images.BASE} cannot be made here: {exc}")
     result = subprocess.run(
-        [sys.executable, "-m", "pipelines.images", "build", "--variant", "cpu"],
+        [sys.executable, "-m", "tooling.images", "build", "--variant", "cpu"],
         cwd=REPO,
         env=orchestrator_env(),
         capture_output=True,

@@ -1,6 +1,6 @@
 """`make gpu-check` where it can be tested, which is anywhere: its refusal without a GPU (one line, exit 2), and
 its report, written from a fake result file; and the pure parts of the CUDA images' smoke check
-(pipelines/gpu_smoke.py). What needs a GPU (the runs themselves) is `make gpu-check`'s alone."""
+(tooling/cuda_smoke.py). What needs a GPU (the runs themselves) is `make gpu-check`'s alone."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import containers, gpu_check, gpu_smoke, images
+from pipelines import containers
 from pipelines.containers import Engine
 from support import REPO, orchestrator_env
+from tooling import cuda_smoke, gpu_check, images
 
 FAKE = {
     "host": {"gpus": ["GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0)"]},
@@ -49,7 +50,7 @@ def report(tmp_path: Path, result: dict) -> tuple[subprocess.CompletedProcess[st
     fake = tmp_path / "result.json"
     fake.write_text(json.dumps(result))
     out = tmp_path / "out"
-    done = subprocess.run([sys.executable, "-m", "pipelines.gpu_check", "report", str(fake), "--out", str(out)],
+    done = subprocess.run([sys.executable, "-m", "tooling.gpu_check", "report", str(fake), "--out", str(out)],
                           cwd=REPO, env=orchestrator_env(), capture_output=True, text=True, check=False)
     return done, out
 
@@ -60,7 +61,7 @@ def report(tmp_path: Path, result: dict) -> tuple[subprocess.CompletedProcess[st
 def test_gpu_check_refuses_without_a_gpu_in_one_line():
     env = orchestrator_env()
     env["PATH"] = str(Path(sys.executable).parent)  # no nvidia-smi on it, whatever this host has
-    done = subprocess.run([sys.executable, "-m", "pipelines.gpu_check"], cwd=REPO, env=env, capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "tooling.gpu_check"], cwd=REPO, env=env, capture_output=True,
                           text=True, check=False)
     assert done.returncode == 2
     assert done.stdout == ""
@@ -132,16 +133,16 @@ def test_report_fails_naming_the_part(tmp_path, part, spoil):
 
 
 def test_smoke_names_the_library_a_load_lacks():
-    assert gpu_smoke.missing_library("libcuda.so.1: cannot open shared object file: No such file or directory") \
+    assert cuda_smoke.missing_library("libcuda.so.1: cannot open shared object file: No such file or directory") \
         == "libcuda.so.1"
-    assert gpu_smoke.missing_library("/x/libcudnn_engines_runtime_compiled.so.9: libcuda.so.1: cannot open shared"
+    assert cuda_smoke.missing_library("/x/libcudnn_engines_runtime_compiled.so.9: libcuda.so.1: cannot open shared"
                                      " object file: No such file or directory") == "libcuda.so.1"
-    assert gpu_smoke.missing_library("/x/libfoo.so: undefined symbol: bar") == ""
+    assert cuda_smoke.missing_library("/x/libfoo.so: undefined symbol: bar") == ""
 
 
 def test_smoke_tells_the_driver_apart_from_a_missing_library():
     lacks = "{}: cannot open shared object file: No such file or directory".format
-    loaded, driver, fabric, broken = gpu_smoke.classify_loads({
+    loaded, driver, fabric, broken = cuda_smoke.classify_loads({
         "cu13/lib/libcublas.so.13": "",
         "cudnn/lib/libcudnn_engines_runtime_compiled.so.9": lacks("libcuda.so.1"),
         "nvshmem/lib/nvshmem_transport_ucx.so.3": lacks("libucs.so.0"),
@@ -154,8 +155,8 @@ def test_smoke_tells_the_driver_apart_from_a_missing_library():
 
 
 def test_smoke_says_cpu_fallback_in_one_line():
-    assert gpu_smoke.no_gpu_line("torch", "13.0") == "no GPU visible: torch runs on CPU (CUDA build 13.0)"
-    a, b, want = gpu_smoke.matmul_operands()
-    assert gpu_smoke.relative_error(a @ b, want) < gpu_smoke.MATMUL_RTOL  # float32 on the CPU passes
+    assert cuda_smoke.no_gpu_line("torch", "13.0") == "no GPU visible: torch runs on CPU (CUDA build 13.0)"
+    a, b, want = cuda_smoke.matmul_operands()
+    assert cuda_smoke.relative_error(a @ b, want) < cuda_smoke.MATMUL_RTOL  # float32 on the CPU passes
     tf32 = (a.view("uint32") & 0xFFFFE000).view("float32")  # TF32: 10 mantissa bits kept of 23
-    assert gpu_smoke.relative_error(tf32 @ b, want) > gpu_smoke.MATMUL_RTOL  # ... and TF32 inputs would fail
+    assert cuda_smoke.relative_error(tf32 @ b, want) > cuda_smoke.MATMUL_RTOL  # ... and TF32 inputs would fail

@@ -6,7 +6,7 @@
   runs nothing, the report and reports/validation.json are present;
 - `dvc repro` SIGKILLed (its whole process group) five times at different moments, then run to the end, gives
   the same output hashes as the uninterrupted run;
-- `python -m pipelines.lock_check` (`make lock-check`) fails, naming the stage, when code or params changed
+- `python -m tooling.dvc_lock_check` (`make lock-check`) fails, naming the stage, when code or params changed
   since dvc.lock was written, and passes on this checkout (its committed dvc.lock) and on a finished run.
 
 Slow (two full TINY runs besides the session's). Every DVC command runs in the orchestrator's environment with
@@ -34,8 +34,8 @@ from lineage_support import (
     recover,
     repro_and_kill,
 )
-from pipelines.lock_check import pipeline_stages
 from support import REPO, TinyRun, orchestrator_env, ran_stages, sh
+from tooling.dvc_lock_check import pipeline_stages
 
 # Five moments that exist on a machine of any speed. Four are inside a train_export stage, which holds there until
 # it is killed (pipelines.measurements' test hold); one is DVC's own work, keyed to the line DVC prints as it
@@ -126,7 +126,7 @@ def test_killed_repro_resumes_to_the_same_hashes(tiny_pipeline: TinyRun, tmp_pat
 
 
 def lock_check(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pipelines.lock_check", *args], cwd=REPO, env=orchestrator_env(),
+    return subprocess.run([sys.executable, "-m", "tooling.dvc_lock_check", *args], cwd=REPO, env=orchestrator_env(),
                           capture_output=True, text=True, check=False)
 
 

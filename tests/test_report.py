@@ -55,7 +55,7 @@ REPORT_DEPS = [
     "packages/torch_impl/requirements-cpu.lock",
     "packages/tf_impl/requirements-cpu.lock",
     "packages/jax_impl/requirements-cpu.lock",
-    "pipelines/validation/requirements-cpu.lock",
+    "packages/validation/requirements-cpu.lock",
     "requirements.lock",
     "artifacts",
     "reports/validation.json",
@@ -450,7 +450,7 @@ def test_throughput_table_is_the_benchmarks_rows_or_none(tmp_path: Path) -> None
     assert [(r["framework"], round(r["ratio"], 6), r["verdict"]) for r in table["rows"]] == [
         ("torch", 1.25, "ok"), ("tf", 0.8, "parity cost")]
     assert "window.ROSETTA_THROUGHPUT = {" in (root / measurements.TIMINGS_JS.name).read_text()
-    (root / measurements.THROUGHPUT.name).unlink()
+    (root / measurements.THROUGHPUT_TABLE.name).unlink()
     measurements.refresh(root)
     assert "window.ROSETTA_THROUGHPUT = null;" in (root / measurements.TIMINGS_JS.name).read_text()
 

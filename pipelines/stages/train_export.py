@@ -27,8 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks import latency
-from pipelines import measurements, paths
+from pipelines import latency, measurements, paths
 from pipelines.environments import ENVIRONMENTS, installed_versions
 from pipelines.stages import IMPORTS_STARTED, framework_stage_args, stage_main
 from pipelines.stages.backend import load_backend, model_config

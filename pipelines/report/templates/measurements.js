@@ -97,7 +97,7 @@
       add(tr, "td", fixed(rec.total_seconds, 2, " s"));
     });
   }
-  // Our train() beside each framework's idiomatic loop (benchmarks/train_throughput.py, measurements/throughput.json).
+  // Our train() beside each framework's idiomatic loop (benchmarks/train_throughput.py, measurements/throughput_table.json).
   var bench = window.ROSETTA_THROUGHPUT;
   add(box, "h4", "Training throughput: our train() against each framework's idiomatic loop " +
     "(benchmarks/train_throughput.py, its last run on this machine)");

@@ -2,9 +2,9 @@
 containers/rosetta.Dockerfile, for every environment, parameterized by pyproject.toml's
 [tool.rosetta.environments].
 
-    python -m pipelines.images build --variant cpu           # the four CPU images here, no registry needed
-    python -m pipelines.images build --variant cuda --clean  # the four CUDA images (several GB each)
-    python -m pipelines.images engine                        # make sure an engine answers (starts dockerd here)
+    python -m tooling.images build --variant cpu           # the four CPU images here, no registry needed
+    python -m tooling.images build --variant cuda --clean  # the four CUDA images (several GB each)
+    python -m tooling.images engine                        # make sure an engine answers (starts dockerd here)
 
 Both variants start from one Debian bookworm base made here with debootstrap (no registry, no digest to trust):
 the CUDA libraries come as the locks' nvidia-* wheels, the driver from the host. Each image's build context is a

@@ -1,8 +1,8 @@
 """Inference latency: a framework's own predict() vs ONNX Runtime running that model's model.onnx.
 
-Measured, never asserted: the numbers depend on the machine. The bench stage calls this inside the
+Measured, never asserted: the numbers depend on the machine. The train_export stage calls this inside the
 framework's environment (through the runner), so the native side is the real framework. Nothing heavy is
-imported at module level. The report never imports this module: it reads the records the bench stage writes
+imported at module level. The report never imports this module: it reads the records the train_export stage writes
 (pipelines/paths.py says where).
 
 Method: same inputs for both (the first test images), warm-up calls first (JAX compiles per batch shape,

@@ -1,7 +1,7 @@
 """Smoke check of one CUDA environment, run inside its image: is it the CUDA build, are its CUDA libraries
 complete, is TF32 off, and where does it compute?
 
-    ROSETTA_RUNTIME=container ROSETTA_VARIANT=cuda python -m pipelines.runner torch -- python -m pipelines.gpu_smoke
+    ROSETTA_RUNTIME=container ROSETTA_VARIANT=cuda python -m pipelines.runner torch -- python -m tooling.cuda_smoke
     make smoke-cuda            # the four CUDA images (torch, tf, jax, validation)
 
 Checks, per environment (ROSETTA_ENV, which the runner sets):
@@ -17,7 +17,7 @@ Checks, per environment (ROSETTA_ENV, which the runner sets):
   matmul runs on the CPU.
 
 Exit 0 when every check passes (a missing GPU is not a failure, unless --require-gpu: `make gpu-check`), else 1
-with the failed check named. --json PATH writes the findings for pipelines/gpu_check.py's report.
+with the failed check named. --json PATH writes the findings for tooling/gpu_check.py's report.
 """
 
 from __future__ import annotations

@@ -1,23 +1,23 @@
 """`make gpu-check`: the CUDA variant on a GPU host, end to end, with a short report.
 
-    make gpu-check             # = python -m pipelines.gpu_check
-    python -m pipelines.gpu_check report RESULT.json --out DIR     # only the report, from a result file
+    make gpu-check             # = python -m tooling.gpu_check
+    python -m tooling.gpu_check report RESULT.json --out DIR     # only the report, from a result file
 
 What it does, in order (each step's output goes to the terminal; the report to reports/gpu-check/):
 1. Refuses, with one line and exit code 2, where this host has no NVIDIA GPU (`nvidia-smi -L` lists none) or the
    container engine cannot hand GPUs to a container (NVIDIA Container Toolkit: Docker's runtime/hook, podman's
    CDI spec). That is every machine without a GPU, including the one this was written on.
-2. Builds the CUDA images that are missing or stale (`python -m pipelines.images build --variant cuda --clean`),
+2. Builds the CUDA images that are missing or stale (`python -m tooling.images build --variant cuda --clean`),
    and reuses the others.
-3. Runs pipelines/gpu_smoke.py --require-gpu in the four CUDA images: each framework must see a GPU, with TF32
+3. Runs tooling/cuda_smoke.py --require-gpu in the four CUDA images: each framework must see a GPU, with TF32
    off (a float32 matmul on the GPU against float64); the devices each saw go into the report.
-4. Runs the tiny pipeline (tests/support.py's TINY params) twice in temporary copies of this checkout: on the CPU
+4. Runs the tiny pipeline (tooling/tiny_run.py's TINY params) twice in temporary copies of this checkout: on the CPU
    (local environments) and in the CUDA images with the GPUs (ROSETTA_RUNTIME=container ROSETTA_VARIANT=cuda
    ROSETTA_GPUS=1). Data-parallel training (TINY: 2 workers) stays on only with 2 GPUs or more: NCCL refuses two
    ranks on one GPU.
 5. In the CUDA run's validation image, on the GPU: each model.onnx in ONNX Runtime's CUDA provider (use_tf32=0)
    against its CPU provider on the test images (max abs difference), and both providers' latency
-   (benchmarks/latency.py's method, batch 1 and 64).
+   (pipelines/latency.py's method, batch 1 and 64).
 6. Writes reports/gpu-check/report.json and report.md: devices seen; per model, ORT CUDA vs ORT CPU max abs
    difference (against the ONNX tolerance of params.yaml); native CUDA latency (the CUDA run's train_export
    measurements) vs ORT CUDA; the parity of the CUDA run with the CPU run (first-step loss, test loss and
@@ -40,6 +40,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from pipelines import containers, paths
 from pipelines.environments import ENVIRONMENTS, FRAMEWORKS, REPO_ROOT, envs_dir
 
@@ -56,7 +58,7 @@ def refusal() -> str:
     """"" on a GPU host whose engine can hand GPUs to containers, else the one line that refuses."""
     if not containers.visible_gpus():
         return REFUSAL.format(why="no NVIDIA GPU visible on this host (nvidia-smi lists none)")
-    from pipelines import images  # here: it may start dockerd, which is pointless without a GPU
+    from tooling import images  # here: it may start dockerd, which is pointless without a GPU
 
     problem = containers.nvidia_container_support(images.ensure_engine())
     return REFUSAL.format(why=problem) if problem else ""
@@ -76,7 +78,7 @@ CUDA_RUN = {"ROSETTA_RUNTIME": "container", "ROSETTA_VARIANT": "cuda", "ROSETTA_
 
 def ensure_images() -> dict[str, int]:
     """Build the missing or stale CUDA images; returns each image's size in bytes."""
-    from pipelines import images
+    from tooling import images
 
     engine = images.ensure_engine()
     stale = []
@@ -94,7 +96,7 @@ def smoke(out: Path) -> dict[str, Any]:
     found = {}
     for env in ENVIRONMENTS:
         target = out / "smoke" / f"{env}.json"
-        subprocess.run([sys.executable, "-m", "pipelines.runner", env, "--", "python", "-m", "pipelines.gpu_smoke",
+        subprocess.run([sys.executable, "-m", "pipelines.runner", env, "--", "python", "-m", "tooling.cuda_smoke",
                         "--require-gpu", "--json", str(target)], cwd=REPO_ROOT, env=orchestrator_env(**CUDA_RUN),
                        check=False)
         found[env] = json.loads(target.read_text()) if target.is_file() else {"passed": False, "failure": "no result"}
@@ -103,15 +105,14 @@ def smoke(out: Path) -> dict[str, Any]:
 
 def tiny_pipeline(root: Path, gpus: int, **env_vars: str) -> dict[str, Any]:
     """A TINY copy of this checkout at `root`, `dvc repro` there; its validation verdict and time."""
-    sys.path.insert(0, str(REPO_ROOT / "tests"))
-    import support  # tests/support.py: the tiny params and the copy every pipeline test uses
+    from tooling import tiny_run  # the tiny params and the copy every pipeline test uses
 
     env = orchestrator_env(**env_vars)
-    support.copy_repo(root, env)
+    tiny_run.copy_repo(root, env)
     if gpus < 2:  # no data-parallel run: NCCL refuses two ranks on one GPU
-        params = support.yaml.safe_load((root / "params.yaml").read_text())
+        params = yaml.safe_load((root / "params.yaml").read_text())
         params["data_parallel"]["workers"] = 1
-        (root / "params.yaml").write_text(support.yaml.safe_dump(params, sort_keys=False))
+        (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     started = time.monotonic()
     result = subprocess.run([sys.executable, "-m", "dvc", "repro"], cwd=root, env=env, check=False)
     report = root / paths.REPORTS / "validation.json"
@@ -126,7 +127,7 @@ def measure_ort(root: Path, out: Path) -> None:
     import numpy as np
     import onnxruntime as ort
 
-    from benchmarks import latency
+    from pipelines import latency
     from rosetta_common.data import load_prepared
     from rosetta_common.spec import load_spec
 
@@ -197,7 +198,7 @@ def run_on_gpu(out: Path) -> dict[str, Any]:
             ort_json = cuda_root / OUT / "ort.json"
             ort_json.parent.mkdir(parents=True, exist_ok=True)
             subprocess.run([sys.executable, "-m", "pipelines.runner", "validation", "--", "python", "-m",
-                            "pipelines.gpu_check", "measure-ort", str(cuda_root), str(ort_json)],
+                            "tooling.gpu_check", "measure-ort", str(cuda_root), str(ort_json)],
                            cwd=cuda_root, env=orchestrator_env(**CUDA_RUN), check=False)
             ort_rows = json.loads(ort_json.read_text()) if ort_json.is_file() else []
             for row in ort_rows:
