@@ -26,7 +26,7 @@ from pipelines.environments import REPO_ROOT, envs_dir, stage_environment
 from rosetta_common.distributed import Cluster, check_port_free, free_ports
 from rosetta_common.errors import DistributedError
 
-WORKER_MODULE = "pipelines.stages.train_dp_worker"
+WORKER_MODULE = "pipelines.stages.train_dp_worker"  # the default; dvc.yaml names it in train_dp's command
 CONTAINER_PORT = 29500  # every worker container listens on its own network address, so one port serves all
 POLL_SECONDS = 0.2
 STOP_GRACE_SECONDS = 5.0
@@ -65,8 +65,9 @@ def local_addresses(workers: int, port: int) -> tuple[str, ...]:
     return tuple(f"{host}:{p}" for p in ports)
 
 
-def start_local(framework: str, workers: int, port: int, timeout: float, env: Mapping[str, str]) -> list[Worker]:
-    """N processes of the framework's environment on loopback."""
+def start_local(framework: str, workers: int, port: int, timeout: float, env: Mapping[str, str],
+                module: str = WORKER_MODULE) -> list[Worker]:
+    """N processes of the framework's environment on loopback, each `python -m <module> <framework>`."""
     # The runner builds the environment from its lock if it is missing or stale (and only confirms it otherwise).
     variant = os.environ.get("ROSETTA_VARIANT", "cpu")
     built = subprocess.run([sys.executable, "-m", "pipelines.runner", "--setup", framework], check=False)
@@ -78,14 +79,14 @@ def start_local(framework: str, workers: int, port: int, timeout: float, env: Ma
     for rank in range(workers):
         cluster = Cluster(rank, workers, addresses, timeout)
         worker_env = {**stage_environment(framework, env_dir), **env, **cluster.environment(framework)}
-        process = subprocess.Popen([str(env_dir / "bin" / "python"), "-m", WORKER_MODULE, framework],
+        process = subprocess.Popen([str(env_dir / "bin" / "python"), "-m", module, framework],
                                    env=worker_env)
         started.append(Worker(rank, f"worker {rank} (pid {process.pid})", process))
     return started
 
 
 def start_containers(framework: str, workers: int, timeout: float, env: Mapping[str, str],
-                     run_id: str) -> tuple[list[Worker], list[str]]:
+                     run_id: str, module: str = WORKER_MODULE) -> tuple[list[Worker], list[str]]:
     """N containers of the framework's image on a network made for this run; returns them and the command that
     removes the network."""
     variant = os.environ.get("ROSETTA_VARIANT", "cpu")
@@ -104,7 +105,7 @@ def start_containers(framework: str, workers: int, timeout: float, env: Mapping[
         env_vars = {**containers.container_environment(framework, variant, {**os.environ, **env}),
                     **cluster.environment(framework)}
         argv = containers.run_command(
-            engine, image, ["python", "-m", WORKER_MODULE, framework], env_vars=env_vars, repo=REPO_ROOT,
+            engine, image, ["python", "-m", module, framework], env_vars=env_vars, repo=REPO_ROOT,
             cwd=Path.cwd().resolve(), uid=os.getuid(), gid=os.getgid(), variant=variant, network=network,
             extra_args=["--name", name, *shlex.split(os.environ.get("ROSETTA_CONTAINER_ARGS", ""))])
         process = subprocess.Popen(argv)

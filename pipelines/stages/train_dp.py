@@ -2,7 +2,7 @@
 the framework's own distributed engine, from the same init and batches as train_export; the validate stage
 judges each run against the same framework's single-process run and against the other frameworks'.
 
-    python -m pipelines.stages.train_dp <framework>
+    python -m pipelines.stages.train_dp <framework> [--worker pipelines.stages.train_dp_worker]
 
 Runs in the orchestrator's environment: it starts the workers (pipelines/workers.py) as processes of the
 framework's environment (ROSETTA_RUNTIME=local) or as containers on a network made for the run (container),
@@ -19,7 +19,7 @@ import uuid
 from pipelines import paths, workers
 from pipelines.environments import thread_environment
 from pipelines.stages import StageError, stage_main
-from pipelines.stages.train_dp_worker import OUT_VARIABLE
+from pipelines.stages.common import DP_OUT_VARIABLE
 from rosetta_common.interface import BACKEND_MODULES
 from rosetta_common.io import staged_outputs, write_json
 from rosetta_common.spec import load_spec
@@ -28,7 +28,10 @@ from rosetta_common.spec import load_spec
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("framework", choices=list(BACKEND_MODULES))
-    fw = parser.parse_args(argv).framework
+    # dvc.yaml names the worker's module in the command, so that the stage's command says every module it runs.
+    parser.add_argument("--worker", default=workers.WORKER_MODULE, help="the module each worker runs")
+    args = parser.parse_args(argv)
+    fw = args.framework
     spec = load_spec(paths.PARAMS)  # validated: workers divide the batch, models are known and BatchNorm-free
     dp = spec.data_parallel
     where = f"train_dp@{fw}"
@@ -45,14 +48,15 @@ def main(argv: list[str]) -> int:
         # Each worker gets its share of the cores (ROSETTA_THREADS, default 2, is the whole stage's).
         threads = max(1, int(thread_environment(os.environ)["ROSETTA_THREADS"]) // dp.workers)
         env = {**thread_environment({**os.environ, "ROSETTA_THREADS": str(threads)}),
-               OUT_VARIABLE: str(out.resolve())}
+               DP_OUT_VARIABLE: str(out.resolve())}
         print(f"{where}: {dp.workers} workers ({runtime}), {threads} thread(s) each: {', '.join(dp.models)}",
               flush=True)
         if runtime == "container":
             started, cleanup = workers.start_containers(fw, dp.workers, dp.timeout_seconds, env,
-                                                        uuid.uuid4().hex[:8])
+                                                        uuid.uuid4().hex[:8], module=args.worker)
         else:
-            started, cleanup = workers.start_local(fw, dp.workers, dp.port, dp.timeout_seconds, env), []
+            started, cleanup = workers.start_local(fw, dp.workers, dp.port, dp.timeout_seconds, env,
+                                                   module=args.worker), []
         for worker in started:
             print(f"{where}: started {worker.name}", flush=True)
         try:

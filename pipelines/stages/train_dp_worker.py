@@ -19,15 +19,18 @@ from pathlib import Path
 
 from pipelines import measurements, paths
 from pipelines.stages import IMPORTS_STARTED, check_environment, stage_main
-from pipelines.stages.backend import load_backend
-from pipelines.stages.train_export import load_jobs, record_training, steady_samples_per_second
+from pipelines.stages.common import (
+    DP_OUT_VARIABLE,
+    load_jobs,
+    record_training,
+    seeded_backend,
+    steady_samples_per_second,
+)
 from rosetta_common.data import load_prepared
 from rosetta_common.distributed import Cluster
 from rosetta_common.interface import BACKEND_MODULES
 from rosetta_common.io import staged_outputs
 from rosetta_common.spec import load_spec
-
-OUT_VARIABLE = "ROSETTA_DP_OUT"
 
 
 def main(argv: list[str]) -> int:
@@ -40,11 +43,11 @@ def main(argv: list[str]) -> int:
     cluster = Cluster.from_environment(fw)
     data = load_prepared(paths.PREPARED)
     jobs = load_jobs(spec, list(spec.data_parallel.models), data)
-    backend = load_backend(fw, spec.seed)
+    backend = seeded_backend(fw, spec.seed)
     clock.lap("framework_import")
     backend.start_worker(cluster)
     clock.lap("engine_start")
-    given = os.environ.get(OUT_VARIABLE)
+    given = os.environ.get(DP_OUT_VARIABLE)
     publish = nullcontext(Path(given)) if given else staged_outputs(paths.data_parallel_dir(fw))
     with publish if cluster.is_chief else nullcontext(None) as out:
         for job in jobs:

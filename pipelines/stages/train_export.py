@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,56 +29,20 @@ import numpy as np
 from pipelines import latency, measurements, paths
 from pipelines.environments import ENVIRONMENTS, installed_versions
 from pipelines.stages import IMPORTS_STARTED, framework_stage_args, stage_main
-from pipelines.stages.backend import load_backend, model_config
+from pipelines.stages.common import (
+    Job,
+    check_training,
+    load_jobs,
+    record_training,
+    seeded_backend,
+    steady_samples_per_second,
+)
 from rosetta_common.data import Dataset, load_prepared
-from rosetta_common.errors import TrainingError
 from rosetta_common.interface import TrainResult
 from rosetta_common.io import sha256, staged_outputs, write_json
 from rosetta_common.metrics import accuracy, max_abs_diff, softmax_cross_entropy
-from rosetta_common.spec import ModelConfig, Spec
-from rosetta_common.training import TrainPlan, plan
-from rosetta_common.weights import (
-    Weights,
-    check_weights,
-    count_parameters,
-    is_statistic,
-    load_weights,
-    perturbed,
-    save_weights,
-)
-
-
-@dataclass(frozen=True)
-class Job:
-    """One model to train and export, its inputs read and checked."""
-
-    arch: str
-    config: ModelConfig
-    init: Weights
-    plan: TrainPlan
-
-
-def load_jobs(spec: Spec, models: list[str], data: Dataset) -> list[Job]:
-    """Each model's config, checked init weights and plan."""
-    jobs = []
-    for arch in models:
-        config = model_config(spec, arch, data)
-        jobs.append(Job(arch, config, load_weights(paths.init_weights(arch), config),
-                        plan(spec, arch, len(data.train_labels))))
-    return jobs
-
-
-def check_training(result: TrainResult, train_plan: TrainPlan, where: str) -> None:
-    """A diverged run publishes nothing: name the first step whose loss is not finite."""
-    if len(result.step_losses) != train_plan.num_steps:
-        raise TrainingError(f"{where}: {len(result.step_losses)} step losses, the plan has {train_plan.num_steps}")
-    bad = np.flatnonzero(~np.isfinite(np.asarray(result.step_losses, np.float64)))
-    if bad.size:
-        step = int(bad[0])
-        raise TrainingError(
-            f"{where}: training diverged at step {step + 1} (epoch {step // train_plan.steps_per_epoch + 1}): "
-            f"loss {result.step_losses[step]} (try a smaller optimizers.{train_plan.optimizer_name}.learning_rate)"
-        )
+from rosetta_common.spec import Spec
+from rosetta_common.weights import is_statistic, perturbed
 
 
 def train(backend: ModuleType, job: Job, data: Dataset, out: Path, where: str) -> tuple[Any, TrainResult]:
@@ -87,30 +50,6 @@ def train(backend: ModuleType, job: Job, data: Dataset, out: Path, where: str) -
     result = backend.train(model, job.plan, data)
     record_training(backend, job, model, result, data, out, where)
     return model, result
-
-
-def record_training(backend: ModuleType, job: Job, model: Any, result: TrainResult, data: Dataset, out: Path,
-                    where: str, **run: Any) -> None:
-    """A trained model's run record: its canonical weights, every step's loss, its test figures as the framework
-    computes them; `run` adds fields to train_log.json and metrics.json (a data-parallel run's `workers`)."""
-    check_training(result, job.plan, where)
-    trained = backend.to_canonical(model)
-    check_weights(trained, job.config, f"{where}: trained weights")  # names, shapes, all finite
-    test_logits = backend.predict(model, data.test_images)
-    save_weights(out / "trained.safetensors", trained, job.arch, framework=backend.FRAMEWORK)
-    write_json(out / "train_log.json", {
-        "framework": backend.FRAMEWORK, "model": job.arch, **job.plan.describe(), **run,
-        "step_losses": result.step_losses, "epoch_losses": result.epoch_losses,
-    })
-    write_json(out / "metrics.json", {
-        "test_accuracy": accuracy(test_logits, data.test_labels),
-        "test_loss": softmax_cross_entropy(test_logits, data.test_labels),
-        "final_train_loss": result.epoch_losses[-1],
-        "parameters": count_parameters(trained),
-        "epochs": job.plan.epochs,
-        "optimizer": job.plan.optimizer_name,
-        **run,
-    })
 
 
 def train_replicates(backend: ModuleType, spec: Spec, job: Job, data: Dataset, out: Path, where: str) -> None:
@@ -142,11 +81,6 @@ def train_replicates(backend: ModuleType, spec: Spec, job: Job, data: Dataset, o
                                          "replicates": runs})
     with open(out / "replicates.npz", "wb") as f:
         np.savez(f, test_predictions=np.stack(predictions), **{k: np.stack(v) for k, v in statistics.items()})
-
-
-def steady_samples_per_second(result: TrainResult, job: Job) -> float | None:
-    steady = result.epoch_seconds[1:] or result.epoch_seconds  # the first epoch holds compilation
-    return job.plan.steps_per_epoch * job.plan.batch_size / statistics.median(steady) if steady else None
 
 
 def export(backend: ModuleType, job: Job, model: Any, batch: np.ndarray, out: Path,
@@ -272,7 +206,7 @@ def main(argv: list[str]) -> int:
     data.validation_batch(spec.export.validation_batch_size)  # the test split holds the whole batch
     jobs = load_jobs(spec, models, data)
     clock.lap("inputs")
-    backend = load_backend(fw, spec.seed)
+    backend = seeded_backend(fw, spec.seed)
     clock.lap("framework_import")
     runs = [run_model(backend, spec, job, data, clock) for job in jobs]
     for run in runs:

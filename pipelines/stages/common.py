@@ -1,0 +1,100 @@
+"""What more than one stage needs, so that no stage imports another: the framework package as a stage starts
+it, each model's job (config, init, plan), and a trained model's run record (train_export and train_dp write the
+same files)."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from pipelines import paths
+from rosetta_common.data import Dataset
+from rosetta_common.errors import TrainingError
+from rosetta_common.interface import TrainResult, load_backend
+from rosetta_common.io import write_json
+from rosetta_common.metrics import accuracy, softmax_cross_entropy
+from rosetta_common.spec import ModelConfig, Spec
+from rosetta_common.training import TrainPlan, plan
+from rosetta_common.weights import Weights, check_weights, count_parameters, load_weights, save_weights
+
+# train_dp tells its workers where rank 0 writes (its scratch folder, published only if every worker succeeds).
+DP_OUT_VARIABLE = "ROSETTA_DP_OUT"
+
+
+def seeded_backend(framework: str, seed: int) -> ModuleType:
+    """The package for `framework`, seeded and in deterministic mode (its import checks the contract)."""
+    module = load_backend(framework)
+    module.configure(seed)
+    return module
+
+
+def job_config(spec: Spec, arch: str, data: Dataset) -> ModelConfig:
+    """The model's config: the spec's architecture section and the prepared data's image shape and classes."""
+    return ModelConfig.of(spec, arch, data.image_shape, data.num_classes)
+
+
+@dataclass(frozen=True)
+class Job:
+    """One model to train and export, its inputs read and checked."""
+
+    arch: str
+    config: ModelConfig
+    init: Weights
+    plan: TrainPlan
+
+
+def load_jobs(spec: Spec, models: list[str], data: Dataset) -> list[Job]:
+    """Each model's config, checked init weights and plan."""
+    jobs = []
+    for arch in models:
+        config = job_config(spec, arch, data)
+        jobs.append(Job(arch, config, load_weights(paths.init_weights(arch), config),
+                        plan(spec, arch, len(data.train_labels))))
+    return jobs
+
+
+def check_training(result: TrainResult, train_plan: TrainPlan, where: str) -> None:
+    """A diverged run publishes nothing: name the first step whose loss is not finite."""
+    if len(result.step_losses) != train_plan.num_steps:
+        raise TrainingError(f"{where}: {len(result.step_losses)} step losses, the plan has {train_plan.num_steps}")
+    bad = np.flatnonzero(~np.isfinite(np.asarray(result.step_losses, np.float64)))
+    if bad.size:
+        step = int(bad[0])
+        raise TrainingError(
+            f"{where}: training diverged at step {step + 1} (epoch {step // train_plan.steps_per_epoch + 1}): "
+            f"loss {result.step_losses[step]} (try a smaller optimizers.{train_plan.optimizer_name}.learning_rate)"
+        )
+
+
+def record_training(backend: ModuleType, job: Job, model: Any, result: TrainResult, data: Dataset, out: Path,
+                    where: str, **run: Any) -> None:
+    """A trained model's run record: its canonical weights, every step's loss, its test figures as the framework
+    computes them; `run` adds fields to train_log.json and metrics.json (a data-parallel run's `workers`)."""
+    check_training(result, job.plan, where)
+    trained = backend.to_canonical(model)
+    check_weights(trained, job.config, f"{where}: trained weights")  # names, shapes, all finite
+    test_logits = backend.predict(model, data.test_images)
+    save_weights(out / "trained.safetensors", trained, job.arch, framework=backend.FRAMEWORK)
+    write_json(out / "train_log.json", {
+        "framework": backend.FRAMEWORK, "model": job.arch, **job.plan.describe(), **run,
+        "step_losses": result.step_losses, "epoch_losses": result.epoch_losses,
+    })
+    write_json(out / "metrics.json", {
+        "test_accuracy": accuracy(test_logits, data.test_labels),
+        "test_loss": softmax_cross_entropy(test_logits, data.test_labels),
+        "final_train_loss": result.epoch_losses[-1],
+        "parameters": count_parameters(trained),
+        "epochs": job.plan.epochs,
+        "optimizer": job.plan.optimizer_name,
+        **run,
+    })
+
+
+def steady_samples_per_second(result: TrainResult, job: Job) -> float | None:
+    steady = result.epoch_seconds[1:] or result.epoch_seconds  # the first epoch holds compilation
+    return job.plan.steps_per_epoch * job.plan.batch_size / statistics.median(steady) if steady else None
