@@ -189,7 +189,7 @@ def _validation(failing: bool, models: list[str]) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
 
     def add(model: str, fw: str, check: str, value: float, tolerance: float, passed: bool | None = None) -> None:
-        rows.append({"model": model, "framework": fw, "check": check, "max_abs_err": value, "tolerance": tolerance,
+        rows.append({"model": model, "framework": fw, "check": check, "value": value, "tolerance": tolerance,
                      "passed": value <= tolerance if passed is None else passed})
 
     parity, statistics = [], []

@@ -1,4 +1,4 @@
-"""The validate stage's measured null (pipelines/stages/replicate_null.py): the exact permutation test and Holm's
+"""The validate stage's measured null (pipelines/checks/replicate_null.py): the exact permutation test and Holm's
 procedure, against brute force and against the textbook cases."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from pipelines.stages.replicate_null import cross_and_within, holm_rejected, mid_ranks, rank_sum_p
+from pipelines.checks.replicate_null import cross_and_within, holm_rejected, mid_ranks, rank_sum_p
 
 
 def brute_force_p(cross: list[float], within: list[float]) -> float:

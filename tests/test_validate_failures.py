@@ -156,7 +156,7 @@ def aim(side: Side, baseline: float, bound: float) -> float:
 def worst(rows: list[dict[str, Any]]) -> tuple[float, float]:
     """The largest baseline figure of some rows and their (shared) tolerance."""
     (bound,) = {r["tolerance"] for r in rows}
-    return max(r["max_abs_err"] for r in rows), bound
+    return max(r["value"] for r in rows), bound
 
 
 def native_logits(model: str, framework: str, check: str, array: str) -> Perturb:
@@ -170,7 +170,7 @@ def native_logits(model: str, framework: str, check: str, array: str) -> Perturb
         # the smallest logit: its float32 spacing is the finest, so the offset lands as computed, and the
         # largest |logit| (which sets the tolerance) stays where it is
         at = np.unravel_index(np.abs(logits).argmin(), logits.shape)
-        logits[at] += shift(side, row["max_abs_err"], row["tolerance"])
+        logits[at] += shift(side, row["value"], row["tolerance"])
         arrays[array] = logits
         ws.write_npz(rel, arrays)
         rehash(ws, paths.run_dir(model, framework))
@@ -501,7 +501,7 @@ def accuracy_floor(model: str) -> Perturb:
 
     def perturb(ws: Workspace, side: Side) -> list[Key]:
         rows = ws.rows(model, "min_test_accuracy")
-        accuracies = [r["max_abs_err"] for r in rows]
+        accuracies = [r["value"] for r in rows]
         if side == "beyond":
             assert max(accuracies) < 1, f"{model} is perfect in this run: no floor above it can be set"
             floor = max(accuracies) + (1 - max(accuracies)) / 2
@@ -522,7 +522,7 @@ def native_roundtrip(model: str, framework: str) -> Perturb:
         record = ws.read_json(paths.export_record(model, framework))
         fmt = sorted(record["native_roundtrip_max_abs"])[0]
         row = ws.row(model, framework, f"native_roundtrip_{fmt}")
-        record["native_roundtrip_max_abs"][fmt] = aim(side, row["max_abs_err"], row["tolerance"])
+        record["native_roundtrip_max_abs"][fmt] = aim(side, row["value"], row["tolerance"])
         ws.write_json(paths.export_record(model, framework), record)
         return [key(row)]
 
@@ -577,7 +577,7 @@ def onnx_batch_dependence(model: str, framework: str) -> Perturb:
 
     def perturb(ws: Workspace, side: Side) -> list[Key]:
         row = ws.row(model, framework, "inference_mode_onnx_model")
-        target = shift(side, row["max_abs_err"], row["tolerance"])
+        target = shift(side, row["value"], row["tolerance"])
         flat = ws.validation_batch().reshape(ws.validation_batch_size(), -1).astype(np.float64)
         centre = flat.mean(axis=0)
         first = np.abs(flat[:FIRST_ALONE] - centre).max(axis=0)
@@ -626,7 +626,7 @@ def native_batch_dependence(model: str, framework: str) -> Perturb:
         _, alone_key = paths.native_inference_keys(fmt)
         alone = arrays[alone_key].copy()
         at = int(np.abs(alone[0]).argmin())
-        alone[0, at] += shift(side, row["max_abs_err"], row["tolerance"])
+        alone[0, at] += shift(side, row["value"], row["tolerance"])
         arrays[alone_key] = alone
         ws.write_npz(rel, arrays)
         rehash(ws, paths.run_dir(model, framework))
@@ -745,7 +745,7 @@ class Judged:
         """The case's own model's rows: what it is judged on. Every model that no case of the round edited must
         come back as in the baseline: the same rows, passing, with the same figures (no edit reached it)."""
         def figures(rows: dict[Key, dict[str, Any]]) -> dict[Key, tuple[Any, ...]]:
-            return {k: (r["passed"], r["max_abs_err"], r["tolerance"]) for k, r in rows.items()
+            return {k: (r["passed"], r["value"], r["tolerance"]) for k, r in rows.items()
                     if k[0] not in self.models}
 
         assert figures(self.rows) == figures(run.baseline), self.output
@@ -836,7 +836,7 @@ def test_validate_judges_the_tolerance(judged: Callable[[Case], tuple[Judged, An
         assert all(r["passed"] for r in run.rows.values())
         for k in pushed:
             before, after = finished_run.baseline[k], rows[k]
-            assert (after["max_abs_err"], after["tolerance"]) != (before["max_abs_err"], before["tolerance"]), k
+            assert (after["value"], after["tolerance"]) != (before["value"], before["tolerance"]), k
 
 
 # A damage edits a run's files and returns the rows that must fail, the rows validate must then leave out (what it
@@ -998,7 +998,7 @@ def test_an_onnx_export_in_training_mode_fails_the_inference_mode_check(
     rows, output = run.own_rows(finished_run, case), run.output
     assert run.result.returncode != 0, output
     row = rows[("resnet", "torch", "inference_mode_onnx_model")]
-    assert row["passed"] is False and row["max_abs_err"] > row["tolerance"], row
+    assert row["passed"] is False and row["value"] > row["tolerance"], row
     assert problem in row["detail"], row
     assert re.search(r"^FAILED resnet/torch inference_mode_onnx_model:", run.result.stderr, re.M), output
     assert rows[("resnet", "torch", "inference_mode_onnx_init")]["passed"] is True  # init.onnx was left alone

@@ -163,8 +163,11 @@ def native_latency(root: Path, fw: str, model: str) -> dict[int, float]:
 
 
 def parity(cpu_root: Path, cuda_root: Path) -> list[dict[str, Any]]:
-    """The CUDA run against the CPU run, per model, by the training-parity tolerances of params.yaml."""
-    from rosetta_common.metrics import relative_diff
+    """The CUDA run against the CPU run, per model, by the training-parity tolerances of params.yaml: the figures of
+    pipelines.checks.parity.pair_figures, the one function behind every pairwise figure."""
+    import numpy as np
+
+    from pipelines.checks.parity import Side, pair_figures
     from rosetta_common.spec import load_spec
 
     spec = load_spec(cuda_root / paths.PARAMS)
@@ -172,15 +175,18 @@ def parity(cpu_root: Path, cuda_root: Path) -> list[dict[str, Any]]:
     for fw in FRAMEWORKS:
         for model in spec.models:
             tol = spec.tolerances.for_model(model)
-            metrics = [json.loads((r / paths.metrics(model, fw)).read_text()) for r in (cpu_root, cuda_root)]
-            logs = [json.loads((r / paths.train_log(model, fw)).read_text()) for r in (cpu_root, cuda_root)]
+            sides = []
+            for root in (cpu_root, cuda_root):
+                metrics = json.loads((root / paths.metrics(model, fw)).read_text())
+                log = json.loads((root / paths.train_log(model, fw)).read_text())
+                sides.append(Side(np.asarray(log["step_losses"], np.float64), metrics["test_loss"],
+                                  metrics["test_accuracy"]))
+            figures = pair_figures(*sides)
             rows.append({
                 "framework": fw, "model": model,
-                "step1_loss_rel": float(relative_diff(logs[0]["step_losses"][0], logs[1]["step_losses"][0])),
-                "step1_loss_rel_tolerance": tol.step1_loss_rel,
-                "test_loss_rel": float(relative_diff(metrics[0]["test_loss"], metrics[1]["test_loss"])),
-                "test_loss_rel_tolerance": tol.test_loss_rel,
-                "test_accuracy_points": 100 * abs(metrics[0]["test_accuracy"] - metrics[1]["test_accuracy"]),
+                "step1_loss_rel": figures["step1_loss_rel"], "step1_loss_rel_tolerance": tol.step1_loss_rel,
+                "test_loss_rel": figures["test_loss_rel"], "test_loss_rel_tolerance": tol.test_loss_rel,
+                "test_accuracy_points": figures["test_accuracy_diff_points"],
                 "test_accuracy_points_tolerance": tol.test_accuracy_points,
             })
     return rows

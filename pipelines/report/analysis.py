@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipelines.checks import ledger
 from pipelines.report.collect import Inputs
 
 REFERENCE = "reference"  # the float64 numpy forward of rosetta_common.reference
@@ -59,9 +60,9 @@ def verdict(inputs: Inputs) -> Verdict:
             r["model"],
             r["framework"],
             r["check"],
-            r.get("max_abs_err"),
+            r.get("value"),
             r.get("tolerance"),
-            shortfall(r.get("max_abs_err"), r.get("tolerance"), r.get("detail", "")),
+            shortfall(r.get("value"), r.get("tolerance"), r.get("detail", "")),
             r.get("detail", ""),
         )
         for r in rows
@@ -93,16 +94,16 @@ def forward_parity(inputs: Inputs, model: str) -> ParityMatrix:
     passed: list[list[bool | None]] = [[None] * n for _ in range(n)]
     tolerance = inputs.spec.tolerances.forward_parity_abs
     for row in check_rows(inputs, model):
-        if row["check"] == "forward_parity_init_onnx":
+        if row["check"] == ledger.FORWARD_PARITY_INIT_ONNX:
             pair = row["framework"].split("|")
-        elif row["check"] == "init_onnx_vs_reference":
+        elif row["check"] == ledger.INIT_ONNX_VS_REFERENCE:
             pair = [REFERENCE, row["framework"]]
         else:
             continue
         if len(pair) != 2 or not all(p in index for p in pair):
             continue
         i, j = index[pair[0]], index[pair[1]]
-        value = row.get("max_abs_err")
+        value = row.get("value")
         for a, b in ((i, j), (j, i)):
             values[a][b] = math.nan if value is None else float(value)
             passed[a][b] = bool(row.get("passed"))
@@ -111,18 +112,10 @@ def forward_parity(inputs: Inputs, model: str) -> ParityMatrix:
     return ParityMatrix(labels, values, passed, tolerance)
 
 
-# training_parity figure -> (check it was judged by, tolerance field in params.yaml); None: a figure only.
+# training_parity figure -> (label, check it was judged by, tolerance field in params.yaml); None: a figure only.
+# The checks' own definitions (pipelines/checks/ledger.py FIGURES), never restated here.
 TRAINING_FIGURES: list[tuple[str, str, str | None, str | None]] = [
-    ("step1_loss_rel", "step-1 loss, rel", "train_step1_loss_rel", "step1_loss_rel"),
-    ("lockstep_loss_max_rel", "lockstep window losses, max rel", "train_lockstep_loss_rel", "lockstep_loss_rel"),
-    ("parting_step", "step where the runs part", None, None),
-    ("test_loss_rel", "test loss, rel", "test_loss_rel", "test_loss_rel"),
-    ("test_accuracy_diff_points", "test accuracy, points", "test_accuracy_points", "test_accuracy_points"),
-    ("prediction_disagreement", "test predictions that differ", "prediction_disagreement", None),
-    ("first_epoch_loss_max_rel", "first-epoch losses, max rel", None, None),
-    ("all_steps_loss_max_rel", "all step losses, max rel", None, None),
-    ("final_weights_max_abs", "final weights, max abs", None, None),
-]
+    (f.key, f.label, f.check, f.tolerance) for f in ledger.FIGURES]
 
 
 def trained_tolerances(inputs: Inputs, model: str) -> Any:
@@ -249,7 +242,7 @@ def recurrent_forms(inputs: Inputs, model: str) -> list[RecurrentForm]:
     return rows
 
 
-STATISTICS = ("running_mean", "running_var")
+STATISTICS = ledger.RUNNING_STATISTICS
 
 
 def running_statistics(inputs: Inputs, model: str) -> list[dict[str, Any]]:
@@ -262,7 +255,7 @@ def running_statistics(inputs: Inputs, model: str) -> list[dict[str, Any]]:
             continue
         cells = {}
         for statistic in STATISTICS:
-            row = rows_by_key.get((fig["frameworks"], f"{statistic}_rel"))
+            row = rows_by_key.get((fig["frameworks"], ledger.statistic_check(statistic)))
             tolerance = row.get("tolerance") if row else trained_tolerances(inputs, model).running_stats_rel
             cells[statistic] = Cell(fig.get(f"{statistic}_max_rel"), tolerance,
                                     bool(row["passed"]) if row else None)
@@ -270,7 +263,7 @@ def running_statistics(inputs: Inputs, model: str) -> list[dict[str, Any]]:
     return table
 
 
-INFERENCE_PREFIX = "inference_mode_"
+INFERENCE_PREFIX = ledger.INFERENCE_MODE_PREFIX
 
 
 def inference_mode(inputs: Inputs, model: str) -> list[dict[str, Any]]:
@@ -278,16 +271,10 @@ def inference_mode(inputs: Inputs, model: str) -> list[dict[str, Any]]:
     return [r for r in check_rows(inputs, model) if str(r.get("check", "")).startswith(INFERENCE_PREFIX)]
 
 
-# Data-parallel figures (pipelines/stages/validate_data_parallel.py): key, label, the check that judged it.
+# Data-parallel figures (pipelines/checks/data_parallel.py): key, label, the check that judged it. An
+# end-of-training figure with no data-parallel check (prediction disagreement) is a framework pairs' figure only.
 DATA_PARALLEL_FIGURES: list[tuple[str, str, str | None]] = [
-    ("step1_loss_rel", "step-1 loss, rel", "dp_step1_loss_rel"),
-    ("lockstep_loss_max_rel", "lockstep window losses, max rel", "dp_lockstep_loss_rel"),
-    ("parting_step", "step where the runs part", None),
-    ("test_loss_rel", "test loss, rel", "dp_test_loss_rel"),
-    ("test_accuracy_diff_points", "test accuracy, points", "dp_test_accuracy_points"),
-    ("all_steps_loss_max_rel", "all step losses, max rel", None),
-    ("final_weights_max_abs", "final weights, max abs", None),
-]
+    (f.key, f.label, f.dp_check) for f in ledger.FIGURES if f.dp_check is not None or not f.end_of_training]
 
 
 def data_parallel(inputs: Inputs) -> list[dict[str, Any]]:

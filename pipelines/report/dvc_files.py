@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines import paths
+from pipelines.checks import ledger
 from pipelines.report.analysis import check_rows, quality
 from pipelines.report.collect import Inputs
 
@@ -27,9 +28,9 @@ SUMMARY = paths.SUMMARY
 # Summary figure -> the validation checks whose worst value it is, as a multiple of each one's tolerance: DVC
 # prints 5 decimals (a relative error of 2e-08 would show as 0.0), and "0.02 of its tolerance" reads at a glance.
 WORST = {
-    "worst_forward_parity_over_tol": ("forward_parity_init_onnx", "init_onnx_vs_reference"),
-    "worst_step1_loss_over_tol": ("train_step1_loss_rel",),
-    "worst_test_loss_over_tol": ("test_loss_rel",),
+    "worst_forward_parity_over_tol": (ledger.FORWARD_PARITY_INIT_ONNX, ledger.INIT_ONNX_VS_REFERENCE),
+    "worst_step1_loss_over_tol": (ledger.TRAIN_STEP1_LOSS_REL,),
+    "worst_test_loss_over_tol": (ledger.TEST_LOSS_REL,),
 }
 
 
@@ -76,9 +77,9 @@ def _finite(value: Any) -> Any:
 
 def _worst(rows: list[dict[str, Any]], checks: tuple[str, ...]) -> float | None:
     ratios = [
-        float(r["max_abs_err"]) / float(r["tolerance"])
+        float(r["value"]) / float(r["tolerance"])
         for r in rows
-        if r.get("check") in checks and r.get("max_abs_err") is not None and r.get("tolerance")
+        if r.get("check") in checks and r.get("value") is not None and r.get("tolerance")
     ]
     return _finite(max(ratios)) if ratios else None
 

@@ -232,7 +232,7 @@ def inference_mode(inputs: Inputs, model: str) -> Table:
             [
                 text(r["framework"]),
                 text(r["check"].removeprefix(analysis.INFERENCE_PREFIX), mono=True),
-                cell(r.get("max_abs_err"), "sci"),
+                cell(r.get("value"), "sci"),
                 cell(r.get("tolerance")),
                 text("yes" if r.get("passed") else "NO", failed=not r.get("passed")),
                 text(r.get("detail", "")),
@@ -313,7 +313,7 @@ def checks(inputs: Inputs, model: str) -> Table:
             [
                 text(r["framework"]),
                 text(r["check"], mono=True),
-                cell(r.get("max_abs_err"), "sci"),
+                cell(r.get("value"), "sci"),
                 cell(r.get("tolerance")),
                 text("yes" if r.get("passed") else "NO", failed=not r.get("passed")),
                 text(r.get("detail", "")),

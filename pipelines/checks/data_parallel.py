@@ -1,0 +1,73 @@
+"""The data-parallel checks (train_dp@<framework>; off when data_parallel.workers is 1).
+
+Each framework's N-worker run against the same framework's single-process run (the claim: the engine's
+data-parallel training is the same training), and the N-worker runs of the frameworks against each other, with
+the trained-run bounds of params.yaml's tolerances (data_parallel.bounds applied): step-1 loss, every step of the
+lockstep window (tolerances.lockstep_steps; the step where the runs part is a figure), test loss, test accuracy,
+plus the final weight difference as a figure. Test figures are computed here from each run's trained
+canonical weights with the float64 reference forward, the same way for both sides of every pair: nothing is
+taken from the stage that trained them.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from pipelines import paths
+from pipelines.checks import ledger as names
+from pipelines.checks.ledger import Ledger
+from pipelines.checks.parity import Side, judge_pair, pair_figures
+from pipelines.checks.train_logs import read_step_losses
+from rosetta_common.data import Dataset
+from rosetta_common.errors import RosettaError
+from rosetta_common.metrics import accuracy, softmax_cross_entropy
+from rosetta_common.reference import forward
+from rosetta_common.spec import ModelConfig, Spec
+from rosetta_common.training import TrainPlan, plan
+from rosetta_common.weights import load_weights
+
+
+def read_run(log_path: Any, weights_path: Any, config: ModelConfig, train_plan: TrainPlan, data: Dataset,
+             workers: int) -> Side:
+    """One trained run as the validator reads it: step losses, canonical weights, test figures computed here."""
+    losses = read_step_losses(log_path, train_plan.num_steps, workers)
+    weights = load_weights(weights_path, config)
+    logits = forward(config, weights, data.test_images)
+    return Side(losses, softmax_cross_entropy(logits, data.test_labels), accuracy(logits, data.test_labels), weights)
+
+
+def data_parallel_parity(spec: Spec, ledger: Ledger, data: Dataset,
+                         intact: set[tuple[str, str]]) -> list[dict[str, Any]]:
+    """Figures per (model, pair) and checks into `ledger`; nothing when data-parallel training is off. A
+    single-process run not in `intact` (it failed artifacts_intact) is compared with nothing, as in validate."""
+    dp = spec.data_parallel
+    if dp.workers == 1:
+        return []
+    figures = []
+    for arch in dp.models:
+        tol = dp.tolerances(spec.tolerances, arch)  # data_parallel.bounds applied
+        config = ModelConfig.of(spec, arch, data.image_shape, data.num_classes)
+        train_plan = plan(spec, arch, len(data.train_labels))
+        single, parallel = {}, {}
+        for fw in spec.frameworks:
+            try:
+                if (arch, fw) in intact:
+                    single[fw] = read_run(paths.train_log(arch, fw), paths.trained_weights(arch, fw), config,
+                                          train_plan, data, 1)
+                run = paths.data_parallel_run(arch, fw)
+                parallel[fw] = read_run(run / "train_log.json", run / "trained.safetensors", config, train_plan,
+                                        data, dp.workers)
+            except (RosettaError, OSError, ValueError) as error:
+                ledger.add(arch, f"{fw}-dp", names.DP_RUN_READABLE, None, None, False, str(error))
+        pairs = [(f"{fw}-dp", parallel[fw], fw, single[fw]) for fw in parallel if fw in single]
+        pairs += [(f"{a}-dp", parallel[a], f"{b}-dp", parallel[b]) for a, b in itertools.combinations(parallel, 2)]
+        for name_a, run_a, name_b, run_b in pairs:
+            fig = {"model": arch, "runs": f"{name_a}|{name_b}", "workers": dp.workers,
+                   **pair_figures(run_a, run_b, train_plan.steps_per_epoch, tol)}
+            judge_pair(ledger, arch, f"{name_a}|{name_b}", fig, tol, dp=True)
+            figures.append(fig)
+        for fw, run in parallel.items():
+            figures.append({"model": arch, "runs": f"{fw}-dp", "workers": dp.workers,
+                            "test_loss": run.test_loss, "test_accuracy": run.test_accuracy})
+    return figures

@@ -1,0 +1,36 @@
+"""Forward parity of the untrained models: every framework's init.onnx (all built from the same canonical init)
+against the float64 numpy reference forward, and every pair of them on random inputs at several batch sizes."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from pipelines import paths
+from pipelines.checks import ledger as names
+from pipelines.checks.ledger import Ledger
+from pipelines.checks.sessions import run_onnx
+from rosetta_common.metrics import max_abs_diff
+from rosetta_common.reference import forward
+from rosetta_common.seeding import derive_seed
+from rosetta_common.spec import ModelConfig, Spec
+from rosetta_common.weights import load_weights
+
+
+def forward_parity(spec: Spec, ledger: Ledger, arch: str, runs: dict[str, dict], batch: np.ndarray,
+                   config: ModelConfig) -> None:
+    """Every init.onnx against the float64 reference forward, and every pair of them on random inputs at several
+    batch sizes."""
+    tol = spec.tolerances.forward_parity_abs
+    init = load_weights(paths.init_weights(arch), config)
+    reference = forward(config, init, batch)
+    inits = {fw: s["sessions"]["init"] for fw, s in runs.items() if "init" in s["sessions"]}
+    for fw, session in inits.items():
+        ledger.add(arch, fw, names.INIT_ONNX_VS_REFERENCE, max_abs_diff(run_onnx(session, batch), reference), tol)
+    rng = np.random.default_rng(derive_seed(spec.seed, "parity", arch))
+    inputs = [rng.random((n, *batch.shape[1:]), dtype=np.float32) for n in spec.export.parity_batch_sizes]
+    for a, b in itertools.combinations(inits, 2):
+        worst = max(max_abs_diff(run_onnx(inits[a], x), run_onnx(inits[b], x)) for x in [batch, *inputs])
+        ledger.add(arch, f"{a}|{b}", names.FORWARD_PARITY_INIT_ONNX, worst, tol,
+                   detail=f"batch sizes {[len(x) for x in [batch, *inputs]]}")

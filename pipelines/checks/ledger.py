@@ -1,0 +1,158 @@
+"""The ledger of the validate stage: one record per check, and every check's name, which the report imports
+instead of spelling them again.
+
+A record's `subject` is what was judged: a framework ("torch"), a pair of them ("torch|tf"), a data-parallel run
+("torch-dp") or a pair of runs ("torch-dp|torch"). In reports/validation.json it is written under `framework`,
+the name the report and `dvc metrics show` have always read it by."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from pipelines.checks.replicate_null import holm_rejected
+from rosetta_common.errors import RosettaError
+
+# One framework's run (pipelines/checks/integrity.py, exports.py, inference_mode.py).
+ARTIFACTS_INTACT = "artifacts_intact"
+ARTIFACTS_READABLE = "artifacts_readable"
+ONNX_VS_NATIVE = "onnx_vs_native"
+INIT_ONNX_VS_NATIVE = "init_onnx_vs_native"
+ONNX_TEST_ACCURACY_EQUALS_NATIVE = "onnx_test_accuracy_equals_native"
+MIN_TEST_ACCURACY = "min_test_accuracy"
+ONNX_CHECKER_PREFIX = "onnx_checker_"  # + "model" / "init"
+NATIVE_ROUNDTRIP_PREFIX = "native_roundtrip_"  # + the native format
+INFERENCE_MODE_PREFIX = "inference_mode_"  # + "onnx_model", "onnx_init", "native_<format>"
+# One model's forward pass (pipelines/checks/parity.py).
+INIT_ONNX_VS_REFERENCE = "init_onnx_vs_reference"
+FORWARD_PARITY_INIT_ONNX = "forward_parity_init_onnx"
+# Pairs of frameworks' trained runs (parity.py).
+TRAINING_RECORD_READABLE = "training_record_readable"
+TRAIN_STEP1_LOSS_REL = "train_step1_loss_rel"
+TRAIN_LOCKSTEP_LOSS_REL = "train_lockstep_loss_rel"
+TEST_LOSS_REL = "test_loss_rel"
+TEST_ACCURACY_POINTS = "test_accuracy_points"
+PREDICTION_DISAGREEMENT = "prediction_disagreement"
+REPLICATES_READABLE = "replicates_readable"  # the one-ulp replicates of a run (pipelines/checks/replicates.py)
+RUNNING_STATISTICS = ("running_mean", "running_var")  # BatchNorm's, each judged as "<statistic>_rel"
+# Data-parallel runs (pipelines/checks/data_parallel.py).
+DP_RUN_READABLE = "dp_run_readable"
+DP_STEP1_LOSS_REL = "dp_step1_loss_rel"
+DP_LOCKSTEP_LOSS_REL = "dp_lockstep_loss_rel"
+DP_TEST_LOSS_REL = "dp_test_loss_rel"
+DP_TEST_ACCURACY_POINTS = "dp_test_accuracy_points"
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One figure of a pair of trained runs (pipelines/checks/parity.py computes them all)."""
+
+    key: str  # in validation.json's pair figures
+    label: str  # as the report prints it
+    check: str | None  # the check that judges it for a pair of frameworks (None: a figure only)
+    dp_check: str | None  # ... for a pair with a data-parallel run
+    tolerance: str | None  # its field of params.yaml's tolerances (TolerancesSpec)
+    # An end-of-training figure: for a pair of frameworks, strict while the runs are in lockstep, judged against
+    # the replicates' null after they part (pipelines/checks/replicates.py). False: strict for every pair.
+    end_of_training: bool = False
+
+
+# The report's training-parity and data-parallel tables are these rows, in this order.
+FIGURES = (
+    Figure("step1_loss_rel", "step-1 loss, rel", TRAIN_STEP1_LOSS_REL, DP_STEP1_LOSS_REL, "step1_loss_rel"),
+    Figure("lockstep_loss_max_rel", "lockstep window losses, max rel", TRAIN_LOCKSTEP_LOSS_REL,
+           DP_LOCKSTEP_LOSS_REL, "lockstep_loss_rel"),
+    Figure("parting_step", "step where the runs part", None, None, None),
+    Figure("test_loss_rel", "test loss, rel", TEST_LOSS_REL, DP_TEST_LOSS_REL, "test_loss_rel", True),
+    Figure("test_accuracy_diff_points", "test accuracy, points", TEST_ACCURACY_POINTS, DP_TEST_ACCURACY_POINTS,
+           "test_accuracy_points", True),
+    # Its float32 bound is none at all (the same class for every test image); judged only after parting.
+    Figure("prediction_disagreement", "test predictions that differ", PREDICTION_DISAGREEMENT, None, None, True),
+    Figure("first_epoch_loss_max_rel", "first-epoch losses, max rel", None, None, None),
+    Figure("all_steps_loss_max_rel", "all step losses, max rel", None, None, None),
+    Figure("final_weights_max_abs", "final weights, max abs", None, None, None),
+)
+
+
+def onnx_checker(kind: str) -> str:
+    return f"{ONNX_CHECKER_PREFIX}{kind}"
+
+
+def native_roundtrip(fmt: str) -> str:
+    return f"{NATIVE_ROUNDTRIP_PREFIX}{fmt}"
+
+
+def inference_mode(export: str) -> str:
+    return f"{INFERENCE_MODE_PREFIX}{export}"
+
+
+def statistic_check(statistic: str) -> str:
+    return f"{statistic}_rel"
+
+
+class CheckError(RosettaError):
+    """An input a check needs is missing or malformed (named in the message): the check fails with it."""
+
+
+@dataclass(frozen=True)
+class Check:
+    """One judged figure. `value` is the measured figure (an error, a count of problems, an accuracy), `tolerance`
+    its bound (a minimum for min_test_accuracy); either is None where the check could not be computed."""
+
+    name: str
+    model: str
+    subject: str
+    value: float | None
+    tolerance: float | None
+    passed: bool
+    detail: str = ""
+    # Judged against the replicates' null: {"cross": [...], "within": [...], "p_value": p, "holm_family": n}.
+    null: dict[str, Any] | None = None
+
+    def row(self) -> dict[str, Any]:
+        """As reports/validation.json stores it (`detail` and `null` only where there are some)."""
+        row: dict[str, Any] = {"model": self.model, "framework": self.subject, "check": self.name,
+                               "value": self.value, "tolerance": self.tolerance, "passed": self.passed}
+        if self.detail:
+            row["detail"] = self.detail
+        if self.null is not None:
+            row["null"] = self.null
+        return row
+
+
+class Ledger:
+    """Every check of one validate run, in the order they were made."""
+
+    def __init__(self) -> None:
+        self.checks: list[Check] = []
+
+    def add(self, model: str, subject: str, name: str, value: float | None, tolerance: float | None,
+            passed: bool | None = None, detail: str = "") -> None:
+        """Record a check; without `passed`, it passes where value <= tolerance (an error within its bound)."""
+        if passed is None:
+            passed = value is not None and tolerance is not None and value <= tolerance
+        self.checks.append(Check(name, model, subject, value, tolerance, bool(passed), detail))
+
+    def add_null(self, model: str, subject: str, name: str, value: float, tolerance: float | None,
+                 null: dict[str, Any], detail: str) -> None:
+        """A figure beyond its float32 bound after the runs parted, judged against the replicates' null
+        (replicate_null): whether it passes is decided by `judge_nulls`, over every such check of the run at once
+        (Holm); until then it stands failed."""
+        self.checks.append(Check(name, model, subject, value, tolerance, False, detail, null))
+
+    def judge_nulls(self, alpha: float) -> None:
+        """Decide every null-judged check together: Holm's step-down over their p-values at `alpha`."""
+        at = [i for i, check in enumerate(self.checks) if check.null is not None]
+        rejected = holm_rejected([self.checks[i].null["p_value"] for i in at], alpha)
+        for i, different in zip(at, rejected, strict=True):
+            check = self.checks[i]
+            self.checks[i] = replace(
+                check, passed=not different, null={**check.null, "holm_family": len(at)},
+                detail=f"{check.detail}; {'different' if different else 'no larger'} at alpha {alpha}, "
+                       f"Holm over {len(at)}")
+
+    def rows(self) -> list[dict[str, Any]]:
+        return [check.row() for check in self.checks]
+
+    def failures(self) -> list[Check]:
+        return [check for check in self.checks if not check.passed]

@@ -1,0 +1,174 @@
+"""Training parity: every pairwise figure, computed by one function (pair_figures) for every kind of pair: two
+frameworks' trained runs, a data-parallel run against its single-process run or another framework's, and the GPU
+check's CUDA run against its CPU run (ledger.FIGURES says what each figure is and which check judges it). Also
+BatchNorm's running statistics after training. No ONNX Runtime here: the GPU check imports this on the host."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from pipelines import paths
+from pipelines.checks import ledger as names
+from pipelines.checks.ledger import FIGURES, Ledger
+from pipelines.checks.replicate_null import cross_and_within
+from pipelines.checks.replicates import disagreement, end_figures, end_of_training
+from pipelines.checks.train_logs import read_step_losses
+from rosetta_common.errors import RosettaError
+from rosetta_common.metrics import max_abs_diff, parting_step, relative_diff
+from rosetta_common.spec import ModelConfig, Spec, TolerancesSpec
+from rosetta_common.training import plan
+from rosetta_common.weights import Weights, is_statistic, load_weights
+
+
+@dataclass(frozen=True)
+class Side:
+    """One side of a pair: a trained run's step losses and test figures, and its canonical weights where read."""
+
+    losses: np.ndarray
+    test_loss: float
+    test_accuracy: float
+    weights: Weights | None = None
+
+
+def pair_figures(a: Side, b: Side, steps_per_epoch: int | None = None,
+                 tol: TolerancesSpec | None = None) -> dict[str, Any]:
+    """Every pairwise figure of two trained runs: step-1 loss; given the tolerances, the lockstep window (the first
+    tolerances.lockstep_steps steps) and the step where the runs part (None: in lockstep to the end); the first
+    epoch's steps (given its length), every step, test loss and accuracy, and the final weights (where both sides
+    have them)."""
+    rel = relative_diff(a.losses, b.losses)
+    figures: dict[str, Any] = {"step1_loss_rel": float(rel[0])}
+    if tol is not None:
+        figures |= {"lockstep_steps": min(tol.lockstep_steps, len(rel)),
+                    "lockstep_loss_max_rel": float(rel[:tol.lockstep_steps].max()),
+                    "parting_step": parting_step(a.losses, b.losses, tol.lockstep_loss_rel)}
+    if steps_per_epoch is not None:
+        figures["first_epoch_loss_max_rel"] = float(rel[:steps_per_epoch].max())
+    figures |= {
+        "all_steps_loss_max_rel": float(rel.max()),
+        "all_steps_loss_max_abs": max_abs_diff(a.losses, b.losses),
+        "test_loss_rel": float(relative_diff(a.test_loss, b.test_loss)),
+        "test_accuracy_diff_points": 100 * abs(a.test_accuracy - b.test_accuracy),
+    }
+    if a.weights is not None and b.weights is not None:
+        figures["final_weights_max_abs"] = max(max_abs_diff(a.weights[k], b.weights[k]) for k in a.weights)
+    return figures
+
+
+def judge_pair(ledger: Ledger, arch: str, pair: str, figures: dict[str, Any], tol: Any, dp: bool = False) -> None:
+    """The strict checks of one pair's figures (FIGURES), each against its tolerance in `tol`: for a pair of
+    frameworks, those of the lockstep (its end-of-training figures are judged by replicates.end_of_training); for a
+    pair with a data-parallel run, every one."""
+    for figure in FIGURES:
+        check = figure.dp_check if dp else figure.check
+        if check is None or figure.tolerance is None or (figure.end_of_training and not dp):
+            continue
+        detail = ""
+        if figure.key == "lockstep_loss_max_rel":
+            detail = f"steps 1-{figures['lockstep_steps']}; the runs part at step {figures['parting_step']}"
+        ledger.add(arch, pair, check, figures[figure.key], getattr(tol, figure.tolerance), detail=detail)
+
+
+# Each end-of-training figure of a pair of frameworks: its key in the pair's figures and its distance between any
+# two runs (the run itself or a replicate: replicates.end_figures), for the null.
+END_OF_TRAINING: dict[str, Callable[[dict[str, Any], dict[str, Any]], float]] = {
+    "test_loss_rel": lambda x, y: float(relative_diff(x["test_loss"], y["test_loss"])),
+    "test_accuracy_diff_points": lambda x, y: 100 * abs(x["test_accuracy"] - y["test_accuracy"]),
+    "prediction_disagreement": disagreement,
+}
+
+
+def training_parity(spec: Spec, ledger: Ledger, arch: str, runs: dict[str, dict[str, Any]], data: Any,
+                    config: ModelConfig) -> tuple[list[dict[str, Any]], dict[str, Weights]]:
+    """Pairwise training figures and checks: strict in the lockstep window, end-of-training figures by
+    replicates.end_of_training; also returns each framework's trained canonical weights (read here once, for
+    running_statistics)."""
+    tol = spec.tolerances.for_model(arch)
+    train_plan = plan(spec, arch, len(data.train_labels))
+    logs, weights = {}, {}
+    for fw in runs:
+        try:
+            logs[fw] = read_step_losses(paths.train_log(arch, fw), train_plan.num_steps)
+            weights[fw] = load_weights(paths.trained_weights(arch, fw), config)
+        except RosettaError as error:
+            ledger.add(arch, fw, names.TRAINING_RECORD_READABLE, None, None, False, str(error))
+    figures = []
+    for a, b in itertools.combinations(logs, 2):
+        sides = [Side(logs[fw], runs[fw]["test_loss"], runs[fw]["test_accuracy"], weights[fw]) for fw in (a, b)]
+        pair = f"{a}|{b}"
+        fig = {"model": arch, "frameworks": pair, "optimizer": spec.train.optimizer,
+               **pair_figures(*sides, train_plan.steps_per_epoch, tol),
+               "prediction_disagreement": disagreement(runs[a], runs[b])}
+        figures.append(fig)
+        judge_pair(ledger, arch, pair, fig, tol)
+        parting = fig["parting_step"]
+        have = runs[a]["replicates"] is not None and runs[b]["replicates"] is not None
+        for figure in FIGURES:
+            if not figure.end_of_training:
+                continue
+            if figure.tolerance is None and parting is None:
+                continue  # no float32 bound but none at all: runs in lockstep to the end are judged above
+            null = None
+            if have:
+                fa, fb = end_figures(runs[a]), end_figures(runs[b])
+                null = cross_and_within(fa[0], fb[0], fa[1:], fb[1:], END_OF_TRAINING[figure.key])
+            bound = getattr(tol, figure.tolerance) if figure.tolerance is not None else 0.0
+            end_of_training(ledger, arch, pair, figure.check, fig[figure.key], bound, parting, null)
+    return figures, weights
+
+
+def statistic_rel(a: np.ndarray, b: np.ndarray) -> float:
+    """max |a - b| over the tensor's largest magnitude: a running mean near 0 in one channel does not blow the
+    figure up, and a variance of 40 is judged at its own scale."""
+    scale = max(float(np.abs(a).max()), float(np.abs(b).max()))
+    return max_abs_diff(a, b) / scale if scale > 0 else 0.0
+
+
+def statistics_by_layer(a: Weights, b: Weights) -> dict[str, dict[str, float]]:
+    """statistic_rel of every BatchNorm running statistic, by layer: {layer: {"running_mean": ..., ...}}."""
+    layers: dict[str, dict[str, float]] = {}
+    for name in (n for n in a if is_statistic(n)):
+        layer, statistic = name.rsplit(".", 1)
+        layers.setdefault(layer, {})[statistic] = statistic_rel(a[name], b[name])
+    return layers
+
+
+def worst_layer(layers: dict[str, dict[str, float]], statistic: str) -> tuple[float, str]:
+    worst = max(layers, key=lambda layer: layers[layer].get(statistic, -1.0))
+    return layers[worst][statistic], worst
+
+
+def running_statistics(spec: Spec, ledger: Ledger, arch: str, weights: dict[str, Weights],
+                       runs: dict[str, dict[str, Any]], parting: dict[str, int | None]) -> list[dict[str, Any]]:
+    """BatchNorm running mean and variance after training, pairwise, from each framework's trained canonical file
+    (rosetta_common.weights.is_statistic names them): one figure per pair with each layer's, and a check per
+    statistic (its worst layer), judged as every end-of-training figure is (replicates.end_of_training: the
+    float32 bound, or after parting the replicates' null). Nothing for a model without BatchNorm."""
+    tol = spec.tolerances.for_model(arch).running_stats_rel
+    figures = []
+    for a, b in itertools.combinations(weights, 2):
+        layers = statistics_by_layer(weights[a], weights[b])
+        if not layers:
+            break
+        pair = f"{a}|{b}"
+        fig: dict[str, Any] = {"model": arch, "frameworks": pair}
+        reps = [runs.get(fw, {}).get("replicates") for fw in (a, b)]
+        for statistic in names.RUNNING_STATISTICS:
+            value, worst = worst_layer(layers, statistic)
+            fig[f"{statistic}_max_rel"] = value
+            null = None
+            if reps[0] is not None and reps[1] is not None:
+                null = cross_and_within(weights[a], weights[b], [r["statistics"] for r in reps[0]],
+                                        [r["statistics"] for r in reps[1]],
+                                        lambda x, y, s=statistic: worst_layer(statistics_by_layer(x, y), s)[0])
+            end_of_training(ledger, arch, pair, names.statistic_check(statistic), value, tol, parting.get(pair),
+                            null)
+            last = ledger.checks[-1]
+            ledger.checks[-1] = replace(last, detail=f"worst layer {worst}; {last.detail}")
+        figures.append({**fig, "layers": layers})
+    return figures
