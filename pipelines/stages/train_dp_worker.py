@@ -61,7 +61,7 @@ def main(argv: list[str]) -> int:
             run = out / job.arch
             run.mkdir(parents=True)
             record_training(backend, job, model, result, data, run, where, workers=cluster.world,
-                            engine=result.extra.get("engine", ""))
+                            engine=result.engine)
             measurements.write(job.arch, f"{fw}-dp", {
                 "framework": fw, "model": job.arch, "stage": f"train_dp@{fw}", "workers": cluster.world,
                 "train": {"train_seconds": result.train_seconds, "epoch_seconds": result.epoch_seconds,

@@ -149,7 +149,7 @@ def test_one_worker_returns_the_plain_module_trained_as_train_does(one_worker: C
     expected = rosetta_torch.train(single, train_plan, data)
 
     assert type(model) is type(single) and not model.training
-    assert result.extra["workers"] == 1 and result.extra["engine"] == "torch.distributed gloo DDP"
+    assert result.workers == 1 and result.engine == "torch.distributed gloo DDP"
     assert len(result.epoch_seconds) == train_plan.epochs
     np.testing.assert_array_equal(result.step_losses, expected.step_losses)
     for name, value in rosetta_torch.to_canonical(single).items():

@@ -47,7 +47,6 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any
 
 import numpy as np
 
@@ -72,7 +71,8 @@ class TrainResult:
     epoch_losses: list[float]  # mean of each epoch's step losses
     train_seconds: float
     epoch_seconds: list[float] = field(default_factory=list)  # wall time of each epoch
-    extra: dict[str, Any] = field(default_factory=dict)
+    workers: int = 1  # how many workers trained it (data-parallel: more than one)
+    engine: str = ""  # the distributed engine that ran it, in words ("" for a single process)
 
 
 def check_backend(package: ModuleType) -> None:

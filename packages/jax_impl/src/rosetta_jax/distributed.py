@@ -32,7 +32,6 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
-from tqdm import tqdm
 
 from rosetta_common.data import Dataset
 from rosetta_common.distributed import Cluster, check_run, split_address
@@ -42,7 +41,7 @@ from rosetta_common.spec import ModelConfig
 from rosetta_common.training import TrainPlan, dropout_masks
 from rosetta_common.weights import Weights
 from rosetta_jax.models import Model, build, training_view
-from rosetta_jax.train import make_optimizer, make_train_step
+from rosetta_jax.train import TrainState, make_optimizer, make_train_step, run_epochs
 
 _POLL_SECONDS = 0.2  # how often a worker retries the coordinator's address while it waits for rank 0
 
@@ -159,34 +158,20 @@ def train_data_parallel(config: ModelConfig, weights: Weights, plan: TrainPlan, 
     train_step = jax.jit(make_train_step(graphdef, tx), out_shardings=replicated)
     masks = dropout_masks(plan, config)  # None for a model without dropout; else row s is step s's mask
 
-    step_losses: list[float] = []
-    epoch_losses: list[float] = []
-    epoch_seconds: list[float] = []
-    step = 0
-    start = time.perf_counter()
-    with tqdm(range(plan.epochs), desc=f"jax {plan.arch} x{cluster.world}", unit="epoch", leave=False,
-              disable=not cluster.is_chief) as bar:
-        for epoch in bar:
-            epoch_start = time.perf_counter()
-            losses = []  # replicated device scalars: reading each one at once would stall async dispatch
-            for idx in plan.batches(epoch):
-                own = idx[rows]
-                mask = None if masks is None else shard(masks[step][rows])
-                params, statistics, opt_state, loss = train_step(
-                    params, statistics, opt_state, shard(data.train_images[own]), shard(data.train_labels[own]),
-                    mask)
-                losses.append(loss)
-                step += 1
-            # The loss is already the global batch's (one all-reduced value, the same on every worker).
-            epoch_step_losses = [float(np.asarray(v.addressable_data(0))) for v in losses]
-            epoch_seconds.append(time.perf_counter() - epoch_start)
-            step_losses += epoch_step_losses
-            epoch_losses.append(float(np.mean(epoch_step_losses)))
-            bar.set_postfix(loss=f"{epoch_losses[-1]:.4f}")
-    train_seconds = time.perf_counter() - start
-    nnx.update(model, _local(params), _local(statistics))
+    def step(state: TrainState, idx: np.ndarray, s: int) -> tuple[TrainState, jax.Array]:
+        own = idx[rows]
+        mask = None if masks is None else shard(masks[s][rows])
+        *state, loss = train_step(*state, shard(data.train_images[own]), shard(data.train_labels[own]), mask)
+        return tuple(state), loss
+
+    def read(losses: list[jax.Array]) -> list[float]:
+        # The loss is already the global batch's (one all-reduced value, the same on every worker).
+        return [float(np.asarray(v.addressable_data(0))) for v in losses]
+
     collectives = "gloo CPU collectives" if jax.default_backend() == "cpu" else f"{jax.default_backend()} collectives"
     engine = f"jax.distributed, {collectives}: XLA SPMD all-reduce over a global mesh of {mesh.size} devices"
-    return model, TrainResult(step_losses, epoch_losses, train_seconds, epoch_seconds,
-                              extra={"steps": len(step_losses), "optimizer": plan.optimizer_name,
-                                     "workers": cluster.world, "engine": engine})
+    (params, statistics, _), result = run_epochs(plan, (params, statistics, opt_state), step, read,
+                                                 desc=f"jax {plan.arch} x{cluster.world}", show=cluster.is_chief,
+                                                 workers=cluster.world, engine=engine)
+    nnx.update(model, _local(params), _local(statistics))
+    return model, result

@@ -147,6 +147,9 @@ def make_train_step(graphdef: nnx.GraphDef[Any], tx: optax.GradientTransformatio
     return train_step
 
 
+TrainState = tuple[nnx.State, nnx.State, optax.OptState]  # parameters, BatchNorm statistics, optimizer state
+
+
 def train(model: Model, plan: TrainPlan, data: Dataset) -> TrainResult:
     """Train in place with the plan's optimizer on the plan's batches, BatchNorm on batch statistics and each
     step's shared dropout mask (rosetta_common.training.dropout_masks); every step's loss, each epoch's time.
@@ -160,29 +163,48 @@ def train(model: Model, plan: TrainPlan, data: Dataset) -> TrainResult:
     train_step = make_train_step(graphdef, tx)
     masks = dropout_masks(plan, config)  # None for a model without dropout; else row s is step s's mask
 
+    def step(state: TrainState, idx: np.ndarray, s: int) -> tuple[TrainState, jax.Array]:
+        # The numpy row, as the images are: the jitted call moves it with them. Indexing a device array here
+        # would be an eager op of its own every step (about 0.1 ms, measured).
+        mask = None if masks is None else masks[s]
+        *state, loss = train_step(*state, data.train_images[idx], data.train_labels[idx], mask)
+        return tuple(state), loss
+
+    def read(losses: list[jax.Array]) -> list[float]:
+        return [float(v) for v in jax.device_get(losses)]  # waits for the epoch's last step
+
+    (params, statistics, _), result = run_epochs(plan, (params, statistics, opt_state), step, read,
+                                                 desc=f"jax {plan.arch}")
+    nnx.update(model, params, statistics)
+    return result
+
+
+def run_epochs(plan: TrainPlan, state: TrainState,
+               step: Callable[[TrainState, np.ndarray, int], tuple[TrainState, jax.Array]],
+               read: Callable[[list[jax.Array]], list[float]], *, desc: str, show: bool = True, workers: int = 1,
+               engine: str = "") -> tuple[TrainState, TrainResult]:
+    """The one epoch loop, for train() and distributed.train_data_parallel alike: `step` takes the state, the
+    plan's batch indices and the step number and returns the new state and the step's loss (a device array);
+    `read` turns an epoch's losses into floats, once per epoch (reading each at once would stall JAX's async
+    dispatch); `show` the progress bar (rank 0 only)."""
     step_losses: list[float] = []
     epoch_losses: list[float] = []
     epoch_seconds: list[float] = []
-    step = 0
+    s = 0
     start = time.perf_counter()
-    with tqdm(range(plan.epochs), desc=f"jax {plan.arch}", unit="epoch", leave=False) as bar:
+    with tqdm(range(plan.epochs), desc=desc, unit="epoch", leave=False, disable=not show) as bar:
         for epoch in bar:
             epoch_start = time.perf_counter()
-            losses = []  # device arrays: reading each one at once would stall JAX's async dispatch
+            losses = []
             for idx in plan.batches(epoch):
-                # The numpy row, as the images are: the jitted call moves it with them. Indexing a device array here
-                # would be an eager op of its own every step (about 0.1 ms, measured).
-                mask = None if masks is None else masks[step]
-                params, statistics, opt_state, loss = train_step(params, statistics, opt_state,
-                                                                 data.train_images[idx], data.train_labels[idx], mask)
+                state, loss = step(state, idx, s)
                 losses.append(loss)
-                step += 1
-            epoch_step_losses = [float(v) for v in jax.device_get(losses)]  # waits for the epoch's last step
+                s += 1
+            epoch_step_losses = read(losses)
             epoch_seconds.append(time.perf_counter() - epoch_start)
             step_losses += epoch_step_losses
             epoch_losses.append(float(np.mean(epoch_step_losses)))
             bar.set_postfix(loss=f"{epoch_losses[-1]:.4f}")
     train_seconds = time.perf_counter() - start
-    nnx.update(model, params, statistics)
-    return TrainResult(step_losses, epoch_losses, train_seconds, epoch_seconds,
-                       extra={"steps": len(step_losses), "optimizer": plan.optimizer_name})
+    return state, TrainResult(step_losses, epoch_losses, train_seconds, epoch_seconds, workers=workers,
+                              engine=engine)

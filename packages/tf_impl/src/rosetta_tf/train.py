@@ -215,7 +215,7 @@ def train(model: keras.Model, plan: TrainPlan, data: Dataset) -> TrainResult:
 
 
 def train_result(plan: TrainPlan, losses: list[float], seconds: float, epoch_seconds: list[float],
-                 **extra: Any) -> TrainResult:
+                 workers: int = 1, engine: str = "") -> TrainResult:
     """The TrainResult of a finished run (single-process or data-parallel): each epoch's mean step loss, and a
     TrainingError naming the first step whose loss is not finite."""
     steps = plan.steps_per_epoch
@@ -224,4 +224,4 @@ def train_result(plan: TrainPlan, losses: list[float], seconds: float, epoch_sec
                             f"{int(np.argmin(np.isfinite(losses))) + 1} of {len(losses)}")
     epoch_losses = [float(np.mean(losses[e * steps:(e + 1) * steps], dtype=np.float64)) for e in range(plan.epochs)]
     return TrainResult(step_losses=losses, epoch_losses=epoch_losses, train_seconds=seconds,
-                       epoch_seconds=epoch_seconds, extra={**plan.describe(), **extra})
+                       epoch_seconds=epoch_seconds, workers=workers, engine=engine)

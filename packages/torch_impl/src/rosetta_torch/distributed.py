@@ -21,22 +21,19 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 
-import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
-from tqdm import tqdm
 
 from rosetta_common.data import Dataset
 from rosetta_common.distributed import Cluster, check_run, split_address
 from rosetta_common.errors import DistributedError, one_line
 from rosetta_common.interface import TrainResult
 from rosetta_common.spec import ModelConfig
-from rosetta_common.training import TrainPlan, dropout_masks
+from rosetta_common.training import TrainPlan
 from rosetta_common.weights import Weights
-from rosetta_torch.models import build, default_device, forward_logits, model_device
-from rosetta_torch.train import make_optimizer
+from rosetta_torch.models import build, default_device, model_device
+from rosetta_torch.train import run_epochs
 
 PROBE_INTERVAL = 0.2  # seconds between two attempts to reach a coordinator that is not listening yet
 ENGINE_FAILURE = re.compile(r"gloo|nccl", re.IGNORECASE)  # a collective's RuntimeError names its library
@@ -114,53 +111,27 @@ def train_data_parallel(config: ModelConfig, weights: Weights, plan: TrainPlan, 
     if (dist.get_rank(), dist.get_world_size()) != (cluster.rank, cluster.world):
         raise DistributedError(f"cluster is rank {cluster.rank} of {cluster.world}, torch.distributed was started "
                                f"as rank {dist.get_rank()} of {dist.get_world_size()}")
-    if plan.num_samples != len(data.train_labels):  # the plan's batches index this data set
+    if plan.num_samples != len(data.train_labels):  # before the DDP wrap's collectives
         raise ValueError(f"plan for {plan.num_samples} training samples, data has {len(data.train_labels)}")
     model = build(config, weights)
     device = model_device(model)
-    images = torch.from_numpy(np.ascontiguousarray(data.train_images, np.float32)).to(device)
-    labels = torch.from_numpy(np.ascontiguousarray(data.train_labels, np.int64)).to(device)
-    masks = dropout_masks(plan, config)  # (num_steps, batch, features), or None: no dropout
-    masks_t = None if masks is None else torch.from_numpy(np.ascontiguousarray(masks[:, rows])).to(device)
     where = f"torch.distributed rank {cluster.rank} of {cluster.world} training {config.arch}"
     with _engine_errors(where):
         # Wrapping broadcasts rank 0's parameters and checks that every rank has the same shapes (collectives).
         ddp = DistributedDataParallel(model, device_ids=None if device.type == "cpu" else [device])
-    optimizer = make_optimizer(model, plan.optimizer, plan.num_steps)  # the module's own parameters
 
-    step_losses: list[float] = []
-    epoch_losses: list[float] = []
-    epoch_seconds: list[float] = []
-    ddp.train()
-    start = time.perf_counter()
-    with _engine_errors(where), tqdm(total=plan.num_steps, desc=f"torch {plan.arch} x{cluster.world}", unit="step",
-                                     mininterval=1.0, disable=not cluster.is_chief) as bar:
-        for epoch in range(plan.epochs):
-            epoch_start = time.perf_counter()
-            losses = []  # this worker's mean losses, kept on the device: no host sync per step
-            for i, idx in enumerate(plan.batches(epoch)):
-                idx_t = torch.from_numpy(idx[rows]).to(device)
-                mask = None if masks_t is None else masks_t[epoch * plan.steps_per_epoch + i]
-                optimizer.zero_grad(set_to_none=True)
-                loss = F.cross_entropy(forward_logits(ddp, images[idx_t], mask), labels[idx_t])
-                loss.backward()  # DDP all-reduces the gradients (sum / world) as they are ready
-                optimizer.step()
-                losses.append(loss.detach())
-                bar.update()
-            # The global batch's mean loss is the mean of the equal shards' means: one all-reduce per epoch,
-            # whose sum every rank receives alike, so every rank reports the same losses.
-            summed = torch.stack(losses)
-            dist.all_reduce(summed, op=dist.ReduceOp.SUM)
-            values = (summed / cluster.world).tolist()  # the epoch's one sync, inside its timing
-            epoch_seconds.append(time.perf_counter() - epoch_start)
-            step_losses += values
-            epoch_losses.append(float(np.mean(values)))
-            bar.set_postfix(epoch=epoch + 1, loss=f"{epoch_losses[-1]:.4f}")
-    seconds = time.perf_counter() - start
-    model.eval()
-    extra = {"device": str(device), "torch_version": torch.__version__, "threads": torch.get_num_threads(),
-             "workers": cluster.world, "rank": cluster.rank, "engine": f"torch.distributed {dist.get_backend()} DDP"}
-    return model, TrainResult(step_losses, epoch_losses, seconds, epoch_seconds, extra)
+    def global_losses(summed: torch.Tensor) -> torch.Tensor:
+        # The global batch's mean loss is the mean of the equal shards' means: one all-reduce per epoch, whose sum
+        # every rank receives alike, so every rank reports the same losses.
+        dist.all_reduce(summed, op=dist.ReduceOp.SUM)
+        return summed / cluster.world
+
+    # train.py's loop, on this worker's rows; the optimizer over the module's own parameters.
+    with _engine_errors(where):
+        result = run_epochs(model, ddp, plan, data, desc=f"torch {plan.arch} x{cluster.world}", rows=rows,
+                            epoch_losses_of=global_losses, show=cluster.is_chief, workers=cluster.world,
+                            engine=f"torch.distributed {dist.get_backend()} DDP")
+    return model, result
 
 
 @contextmanager

@@ -8,7 +8,7 @@ running-variance update after every training-mode forward. Dropout uses the step
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -83,40 +83,53 @@ def train(model: nn.Module, plan: TrainPlan, data: Dataset) -> TrainResult:
     """Train `model` in place with the plan's optimizer on the plan's batches, in train() mode (BatchNorm on
     batch statistics, running statistics by the spec's convention), multiplying by step s's shared dropout mask
     for a model with dropout; it ends in eval mode."""
+    return run_epochs(model, model, plan, data, desc=f"torch {plan.arch}")
+
+
+def _same(losses: torch.Tensor) -> torch.Tensor:
+    return losses
+
+
+def run_epochs(model: nn.Module, module: nn.Module, plan: TrainPlan, data: Dataset, *, desc: str,
+               rows: slice | np.ndarray = slice(None), epoch_losses_of: Callable[[torch.Tensor], torch.Tensor] = _same,
+               show: bool = True, workers: int = 1, engine: str = "") -> TrainResult:
+    """The one training loop, for train() and distributed.train_data_parallel alike: `module` (the model, or its
+    DDP wrapper) on its `rows` of each of the plan's batches and of each step's dropout mask, the optimizer over
+    `model`'s own parameters. `epoch_losses_of` turns an epoch's stacked losses into the global batch's (for
+    data-parallel training, an all-reduce); `show` the progress bar (rank 0 only). `model` ends in eval mode."""
     if plan.num_samples != len(data.train_labels):  # the plan's batches index this data set
         raise ValueError(f"plan for {plan.num_samples} training samples, data has {len(data.train_labels)}")
     device = model_device(model)
     images = torch.from_numpy(np.ascontiguousarray(data.train_images, np.float32)).to(device)
     labels = torch.from_numpy(np.ascontiguousarray(data.train_labels, np.int64)).to(device)
     masks = dropout_masks(plan, model.config)  # (num_steps, batch, features), or None: no dropout
-    masks_t = None if masks is None else torch.from_numpy(masks).to(device)
+    masks_t = None if masks is None else torch.from_numpy(np.ascontiguousarray(masks[:, rows])).to(device)
     # The first optimizer imports torch._dynamo (~3 s): made before the clock starts.
     optimizer = make_optimizer(model, plan.optimizer, plan.num_steps)
 
     step_losses: list[float] = []
     epoch_losses: list[float] = []
     epoch_seconds: list[float] = []
-    model.train()
+    module.train()
     start = time.perf_counter()
-    with tqdm(total=plan.num_steps, desc=f"torch {plan.arch}", unit="step", mininterval=1.0) as bar:
+    with tqdm(total=plan.num_steps, desc=desc, unit="step", mininterval=1.0, disable=not show) as bar:
         for epoch in range(plan.epochs):
             epoch_start = time.perf_counter()
             losses = []  # kept on the device: no host sync per step
             for i, idx in enumerate(plan.batches(epoch)):
-                idx_t = torch.from_numpy(idx).to(device)
+                idx_t = torch.from_numpy(idx[rows]).to(device)
                 mask = None if masks_t is None else masks_t[epoch * plan.steps_per_epoch + i]
                 optimizer.zero_grad(set_to_none=True)
-                loss = F.cross_entropy(forward_logits(model, images[idx_t], mask), labels[idx_t])
-                loss.backward()
+                loss = F.cross_entropy(forward_logits(module, images[idx_t], mask), labels[idx_t])
+                loss.backward()  # under DDP, the gradients are all-reduced (sum / world) as they are ready
                 optimizer.step()
                 losses.append(loss.detach())
                 bar.update()
-            values = torch.stack(losses).tolist()  # the epoch's one sync, inside its timing
+            values = epoch_losses_of(torch.stack(losses)).tolist()  # the epoch's one sync, inside its timing
             epoch_seconds.append(time.perf_counter() - epoch_start)
             step_losses += values
             epoch_losses.append(float(np.mean(values)))
             bar.set_postfix(epoch=epoch + 1, loss=f"{epoch_losses[-1]:.4f}")
     seconds = time.perf_counter() - start
     model.eval()
-    extra = {"device": str(device), "torch_version": torch.__version__, "threads": torch.get_num_threads()}
-    return TrainResult(step_losses, epoch_losses, seconds, epoch_seconds, extra)
+    return TrainResult(step_losses, epoch_losses, seconds, epoch_seconds, workers=workers, engine=engine)

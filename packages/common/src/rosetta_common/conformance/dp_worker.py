@@ -34,7 +34,7 @@ def main(framework: str, out: str) -> None:
         model, result = backend.train_data_parallel(config, asymmetric_weights(config, 11), train_plan, data,
                                                     cluster)
         arrays[f"{arch}/step_losses"] = np.asarray(result.step_losses, np.float64)
-        arrays[f"{arch}/workers"] = np.asarray(result.extra.get("workers", -1))
+        arrays[f"{arch}/workers"] = np.asarray(result.workers)
         for name, value in backend.to_canonical(model).items():
             arrays[f"{arch}/weights/{name}"] = value
     backend.stop_worker()
