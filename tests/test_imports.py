@@ -67,16 +67,9 @@ def imports_of(module: str, path: Path) -> Iterator[Import]:
     for stmt in tree.body:
         if isinstance(stmt, ast.If | ast.Try):
             top |= {id(n) for n in ast.walk(stmt) if not isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
-    # `if TYPE_CHECKING:` imports never run: annotations may name a module that imports this one.
-    typing_only = {
-        id(n)
-        for stmt in ast.walk(tree)
-        if isinstance(stmt, ast.If) and "TYPE_CHECKING" in ast.unparse(stmt.test)
-        for n in ast.walk(stmt)
-    }
+    # `if TYPE_CHECKING:` imports count too: a type-only import still ties the two modules together (a reader,
+    # a type checker and any later runtime use see the cycle), so it is no way around one.
     for node in ast.walk(tree):
-        if id(node) in typing_only:
-            continue
         if isinstance(node, ast.Import):
             for alias in node.names:
                 yield Import(module, alias.name, id(node) in top, node.lineno)
@@ -119,6 +112,14 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
         if node not in state and (found := visit(node)):
             return found
     return None
+
+
+def test_type_only_imports_are_scanned(tmp_path):
+    """An import under `if TYPE_CHECKING:` is an import like any other here (the jax package's models/weights
+    cycle hid behind one)."""
+    module = tmp_path / "typed.py"
+    module.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from rosetta_jax.models import Model\n")
+    assert [imp.target for imp in imports_of("typed", module)] == ["typing", "rosetta_jax.models"]
 
 
 def test_the_scan_sees_our_modules():

@@ -28,7 +28,7 @@ and how each framework convention is reconciled with the spec's (rosetta_common.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
@@ -36,9 +36,6 @@ from flax import nnx
 
 from rosetta_common.spec import ModelConfig
 from rosetta_common.weights import Weights, canonical_shapes, check_weights
-
-if TYPE_CHECKING:  # models.py imports this module for build()
-    from rosetta_jax.models import Model
 
 # Every variable of these models: trainable parameters and BatchNorm's running statistics.
 VARIABLES = (nnx.Param, nnx.BatchStat)
@@ -125,7 +122,7 @@ def _flat(state: nnx.State) -> dict[str, Any]:
     return {".".join(str(p) for p in path): var.get_value() for path, var in nnx.to_flat_state(state)}
 
 
-def from_canonical(model: Model, weights: Mapping[str, np.ndarray]) -> None:
+def from_canonical(model: nnx.Module, weights: Mapping[str, np.ndarray]) -> None:
     """Load canonical weights (running statistics included) into `model`'s variables, in place (WeightsError,
     one line, if they do not fit the model's config)."""
     config = model.config
@@ -141,7 +138,7 @@ def from_canonical(model: Model, weights: Mapping[str, np.ndarray]) -> None:
     nnx.update(model, state)
 
 
-def to_canonical(model: Model) -> Weights:
+def to_canonical(model: nnx.Module) -> Weights:
     """The model's variables as canonical numpy float32 arrays in canonical order (exact inverse of
     from_canonical)."""
     return from_native(model.config, _flat(nnx.state(model, VARIABLES)))
