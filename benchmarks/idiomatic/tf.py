@@ -38,7 +38,7 @@ PARITY = {
                   "bias corrections, computed in float64)",
     "step_loss": "every step's loss: rosetta_tf's StepLoss metric (the last batch's loss, not fit's running mean) "
                  "read by a per-step callback (a host sync after every step)",
-    "shared_masks": "resnet: fit on rosetta_tf's training twin (training_model), the dropout mask drawn in common "
+    "shared_masks": "resnet: fit on rosetta_tf's training twin (training_view), the dropout mask drawn in common "
                     "(rosetta_common.training.dropout_masks) as its second input, multiplied into the pooled "
                     "features, instead of Keras' Dropout drawing its own (here one mask per sample, the same each "
                     "epoch: the cost is the second input and the multiply, not which units drop)",
@@ -112,10 +112,10 @@ def train(model: keras.Model, data: Dataset, batch_size: int, optimizer: AdamSpe
         callbacks.append(_StepLosses())
     trainer, inputs = model, data.train_images
     if variant == "shared_masks":
-        from rosetta_tf.models import MASK_INPUT, model_config, training_model
+        from rosetta_tf.models import MASK_INPUT, model_config, training_view
 
         masks = sample_masks(model_config(model), len(data.train_labels), batch_size, optimizer, seed)
-        trainer, inputs = training_model(model), {INPUT_NAME: data.train_images, MASK_INPUT: masks}
+        trainer, inputs = training_view(model), {INPUT_NAME: data.train_images, MASK_INPUT: masks}
     trainer.compile(optimizer=opt, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), **options)
     trainer.fit(inputs, data.train_labels, batch_size=batch_size, epochs=epochs, shuffle=True, verbose=0,
                 callbacks=callbacks)

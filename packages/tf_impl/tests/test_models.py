@@ -107,8 +107,8 @@ def test_symmetric_padding_fails_the_forward(monkeypatch: pytest.MonkeyPatch) ->
 def test_training_twin_shares_the_layers_and_keeps_one_input_for_inference() -> None:
     config, weights, images, mask = _case(3)
     model = rosetta_tf.build(config, weights)
-    twin = models.training_model(model)
-    assert twin is not model and models.training_model(model) is twin  # built once per model
+    twin = models.training_view(model)
+    assert twin is not model and models.training_view(model) is twin  # built once per model
     assert {id(v) for v in twin.trainable_variables} == {id(v) for v in model.trainable_variables}
     assert len(model.inputs) == 1 and sorted(twin.input) == [models.MASK_INPUT, "images"]
     # Keras' own Dropout stays in the inference model, as the identity.

@@ -19,7 +19,7 @@ from rosetta_common.reference import forward_train
 from rosetta_common.spec import Spec
 from rosetta_common.testing import asymmetric_weights, learnable_data, small_config, small_spec
 from rosetta_common.training import TrainPlan, dropout_masks, plan
-from rosetta_tf.models import MASK_INPUT, model_config, training_model
+from rosetta_tf.models import MASK_INPUT, model_config, training_view
 from rosetta_tf.train import StepLoss, TorchAdam, make_loss, make_optimizer, run_optimizer
 
 FORMULA_REL = 1e-6  # TorchAdam's moves vs rosetta_common.optim.adam_step, elementwise relative
@@ -83,7 +83,7 @@ def _plain_loop(model: keras.Model, train_plan: TrainPlan, data: Dataset) -> lis
     step s's mask from common, into the training twin), fed from numpy."""
     optimizer, loss_fn = make_optimizer(model, train_plan.optimizer, train_plan.num_steps), make_loss()
     masks = dropout_masks(train_plan, model_config(model))
-    trainer = training_model(model)
+    trainer = training_view(model)
 
     @tf.function
     def step(inputs: object, labels: tf.Tensor) -> tf.Tensor:

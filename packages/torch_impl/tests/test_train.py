@@ -17,7 +17,7 @@ from rosetta_common.reference import forward_train
 from rosetta_common.testing import asymmetric_weights, learnable_data, small_config, small_spec
 from rosetta_common.training import dropout_masks, plan
 from rosetta_common.weights import Weights, is_statistic
-from rosetta_torch.models import make_module
+from rosetta_torch.models import create
 
 STEPS = 3
 TRAIN_VS_STEPPED_REL = 1e-6  # same float32 ops in the same order; a margin for torch's fused kernels
@@ -31,7 +31,7 @@ def test_configure_switches_on_determinism() -> None:
 
 def _canonical_gradients(model: torch.nn.Module) -> Weights:
     """autograd's gradients in canonical names and layout: a twin module holding them as its weights."""
-    twin = make_module(rosetta_torch.model_config(model))
+    twin = create(rosetta_torch.model_config(model))
     twin.load_state_dict({name: p.grad for name, p in model.named_parameters()}, strict=True)
     return rosetta_torch.to_canonical(twin)
 

@@ -41,7 +41,7 @@ from rosetta_common.interface import TrainResult
 from rosetta_common.spec import ModelConfig
 from rosetta_common.training import TrainPlan, dropout_masks
 from rosetta_common.weights import Weights
-from rosetta_tf.models import build, training_model
+from rosetta_tf.models import build, training_view
 from rosetta_tf.train import make_loss, make_optimizer, plan_batches, train_result
 from rosetta_tf.weights import to_canonical
 
@@ -157,7 +157,7 @@ def train_data_parallel(config: ModelConfig, weights: Weights, plan: TrainPlan, 
     masks = dropout_masks(plan, config)  # None for a model without dropout
     with strategy.scope():  # mirrored variables (their initial values broadcast from rank 0), then the weights
         model = build(config, weights)
-        trainer = training_model(model)
+        trainer = training_view(model)
         optimizer = make_optimizer(model, plan.optimizer, plan.num_steps)
         optimizer.build(trainer.trainable_variables)  # its slots mirrored too, before the step is traced
         loss_fn = make_loss()

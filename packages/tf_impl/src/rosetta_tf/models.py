@@ -186,7 +186,7 @@ def resnet(settings: ResNetSpec, image_shape: tuple[int, int], num_classes: int)
     y = layers.ReLU(name="block_relu")(layers.Add(name="block_add")([y, shortcut]))
     pooled = layers.GlobalAveragePooling2D(name=POOLED)(y)
     # Keras' Dropout, identity whenever training is off (predict, every export). Training never runs it: the
-    # training model (training_model below) multiplies the pooled features by common's mask instead. The seed
+    # training model (training_view below) multiplies the pooled features by common's mask instead. The seed
     # is pinned only so that the layer's seed-generator state (a variable, saved with the model) has the same
     # bytes in every process; it never draws.
     x = layers.Dropout(s.dropout, seed=0, name=DROPOUT)(pooled)
@@ -237,7 +237,7 @@ def build(config: ModelConfig, weights: Weights) -> keras.Model:
     """The Keras model of `config` holding copies of these canonical weights (WeightsError if they do not fit).
 
     Keras has no persistent train/eval mode: predict() and the exports call the model with training=False,
-    and only fit() and forward_train() run it (or its training twin, training_model) with training=True.
+    and only fit() and forward_train() run it (or its training twin, training_view) with training=True.
     """
 
     model = create(config)
@@ -276,12 +276,12 @@ def predict(model: keras.Model, images: np.ndarray) -> np.ndarray:
     return np.asarray(_forward(model)(tf.convert_to_tensor(np.asarray(images, np.float32))), dtype=np.float32)
 
 
-# The model fit trains and forward_train runs, per inference model (see training_model).
+# The model fit trains and forward_train runs, per inference model (see training_view).
 _TRAINING: weakref.WeakKeyDictionary[keras.Model, keras.Model] = weakref.WeakKeyDictionary()
 MASK_INPUT = "dropout_mask"
 
 
-def training_model(model: keras.Model) -> keras.Model:
+def training_view(model: keras.Model) -> keras.Model:
     """The model a training step runs: `model` itself, or for a model with dropout a second functional model
     over the same layers (so the same variables) that takes the step's dropout mask as a second input,
     {"images", "dropout_mask"}, and multiplies the pooled features by it where `model` has its Dropout.
@@ -327,7 +327,7 @@ def forward_train(model: keras.Model, images: np.ndarray, dropout_mask: np.ndarr
         if mask.shape != expected:
             raise ValueError(f"dropout_mask shape = {mask.shape}: allowed: {expected} (batch, pooled features)")
     if model not in _TRAIN_FORWARDS:
-        trainer = training_model(model)
+        trainer = training_view(model)
         if mask is None:
             _TRAIN_FORWARDS[model] = tf.function(lambda x: trainer(x, training=True),
                                                  input_signature=[image_spec(model)])

@@ -6,7 +6,7 @@ Parity with the other frameworks needs three things Keras does not give by defau
   batches (TrainPlan.all_batches), consumed by fit with steps_per_epoch;
 - for a model with dropout, the same dropped units as the other frameworks: each step's mask from
   rosetta_common.training.dropout_masks rides in the same tf.data stream, as the second input of the
-  model's training twin (models.training_model), so fit's one compiled step applies it;
+  model's training twin (models.training_view), so fit's one compiled step applies it;
 - BatchNorm in training mode: fit runs the model with training=True, so each step normalizes with its
   batch's statistics and moves the running statistics by the spec's convention (models.batchnorm);
 - the exact float32 loss of every step: Keras' logs["loss"] is a running mean over the epoch, so the
@@ -33,7 +33,7 @@ from rosetta_common.seeding import seed_everything
 from rosetta_common.spec import AdamSpec, SGDSpec
 from rosetta_common.training import OptimizerSpec, TrainPlan, dropout_masks
 from rosetta_common.weights import Weights
-from rosetta_tf.models import MASK_INPUT, PACKAGE, model_config, training_model
+from rosetta_tf.models import MASK_INPUT, PACKAGE, model_config, training_view
 
 
 def configure(seed: int) -> None:
@@ -193,7 +193,7 @@ def plan_batches(plan: TrainPlan, data: Dataset, masks: np.ndarray | None = None
 def train(model: keras.Model, plan: TrainPlan, data: Dataset) -> TrainResult:
     """Train `model` in place with compile + fit on the plan's batches; every step's loss and each epoch's time.
 
-    A model with dropout trains through its training twin (models.training_model: the same layers and
+    A model with dropout trains through its training twin (models.training_view: the same layers and
     variables, plus the step's dropout mask as an input); the others train as they are. The model stays in
     inference mode afterwards: Keras keeps no mode, and predict() calls it with training=False.
     """
@@ -201,7 +201,7 @@ def train(model: keras.Model, plan: TrainPlan, data: Dataset) -> TrainResult:
     if plan.arch != config.arch:
         raise ValueError(f"plan.arch = {plan.arch!r}: the model is a {config.arch} model; allowed: {config.arch!r}")
     masks = dropout_masks(plan, config)  # None for a model without dropout
-    trainer = training_model(model)
+    trainer = training_view(model)
     # jit_compile=False: XLA fuses differently from the other frameworks' kernels (and Keras would
     # switch it on when a GPU is present); steps_per_execution=1 so every step's loss is seen.
     trainer.compile(optimizer=make_optimizer(model, plan.optimizer, plan.num_steps), loss=make_loss(),

@@ -28,7 +28,7 @@ from rosetta_common.interface import Predict
 from rosetta_common.io import atomic_path
 from rosetta_common.onnx_conventions import BATCH_DIM, INPUT_NAME, OPSETS, OUTPUT_NAME, conform
 from rosetta_common.spec import ModelConfig
-from rosetta_torch.models import make_module, predict
+from rosetta_torch.models import create, predict
 
 STATE_FILE = "model.safetensors"
 PROGRAM_FILE = "model.pt2"
@@ -39,7 +39,7 @@ METADATA_KEY = "rosetta"
 def _cpu_copy(model: nn.Module) -> nn.Module:
     """A CPU twin of the model in eval mode: exports must not move or mutate the caller's model, and a
     program traced on a GPU would only run there."""
-    twin = make_module(model.config)
+    twin = create(model.config)
     twin.load_state_dict({k: v.detach().cpu() for k, v in model.state_dict().items()}, strict=True)
     return twin.eval()
 
@@ -101,7 +101,7 @@ def load_state_file(path: Path) -> nn.Module:
         config = ModelConfig.model_validate(metadata.get("config"))
     except ValueError as error:  # pydantic's ValidationError
         raise ArtifactError(f"{path}: metadata 'config' is not a valid ModelConfig ({one_line(str(error))})") from None
-    model = make_module(config)
+    model = create(config)
     try:
         model.load_state_dict(tensors, strict=True)
     except RuntimeError as error:  # names or shapes that do not fit the config

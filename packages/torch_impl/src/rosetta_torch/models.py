@@ -268,7 +268,7 @@ class GRUClassifier(nn.Module):
         return self.head(outputs[:, -1])
 
 
-def make_module(config: ModelConfig) -> nn.Module:
+def create(config: ModelConfig) -> nn.Module:
     """A freshly initialised module of `config.arch`, recording `config` as `model.config`.
 
     The module keeps the validated config (not a dict or a name): weights.py maps its weights to and from
@@ -306,7 +306,7 @@ def model_device(model: nn.Module) -> torch.device:
 def build(config: ModelConfig, weights: Weights) -> nn.Module:
     """The torch module of `config` holding copies of these canonical weights (checked: WeightsError), on the
     default device, in eval mode."""
-    model = make_module(config)
+    model = create(config)
     from_canonical(model, weights)  # checks the weights, then copies them in (load_state_dict copies)
     return model.to(default_device()).eval()
 

@@ -25,7 +25,7 @@ Conventions reconciled (what torch does differently from the spec, and where it 
 - GRU: kernel (in, 3h) / recurrent_kernel (h, 3h) -> weight_ih_l0 / weight_hh_l0, transposed; gates r, z, n
   in both (Keras keeps z, r, h: its package permutes); input_bias -> bias_ih_l0, recurrent_bias ->
   bias_hh_l0, torch's formula being the spec's (b_hn inside r * (...)).
-Every model carries its rosetta_common.spec.ModelConfig as `model.config` (models.make_module sets it):
+Every model carries its rosetta_common.spec.ModelConfig as `model.config` (models.create sets it):
 the image shape and sizes these mappings need come from there, never from the weights.
 """
 
