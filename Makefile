@@ -30,9 +30,9 @@ repro: setup
 # own tests (only what is specific to one framework); cross-cutting tests run last.
 CONFORMANCE := packages/common/src/rosetta_common/conformance
 test-frameworks: setup
-	python -m pipelines.runner torch -- python -m pytest -q $(CONFORMANCE) packages/torch_impl/tests
-	python -m pipelines.runner tf -- python -m pytest -q $(CONFORMANCE) packages/tf_impl/tests
-	python -m pipelines.runner jax -- python -m pytest -q $(CONFORMANCE) packages/jax_impl/tests
+	python -m pipelines.runner torch -- python -m pytest -q --durations=15 $(CONFORMANCE) packages/torch_impl/tests
+	python -m pipelines.runner tf -- python -m pytest -q --durations=15 $(CONFORMANCE) packages/tf_impl/tests
+	python -m pipelines.runner jax -- python -m pytest -q --durations=15 $(CONFORMANCE) packages/jax_impl/tests
 
 # Headless Chromium and its WebDriver for the report's browser test (Debian's packages; Selenium is told the
 # driver's path and never downloads a browser or driver).
@@ -46,7 +46,7 @@ browser:
 	fi
 
 test-cross: setup browser
-	python -m pytest -q
+	python -m pytest -q --durations=40
 
 test: test-frameworks test-cross
 
