@@ -12,6 +12,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from rosetta_common.spec import ModelConfig
+from rosetta_common.taps import tap_names
 
 _erf = np.frompyfunc(math.erf, 1, 1)
 
@@ -76,29 +77,45 @@ def sigmoid(x: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-x))
 
 
-def lstm_last_hidden(x: np.ndarray, w: Mapping[str, np.ndarray]) -> np.ndarray:
-    """x (B, T, in) -> the last hidden state; gates i, f, g, o; one bias."""
+def lstm_states(x: np.ndarray, w: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """x (B, T, in) -> (hidden, cell) after every step, each (B, T, hidden); gates i, f, g, o; one bias."""
     hidden = w["lstm.recurrent_kernel"].shape[0]
     h = c = np.zeros((x.shape[0], hidden))
+    hs, cs = [], []
     for t in range(x.shape[1]):
         z = x[:, t] @ w["lstm.kernel"] + h @ w["lstm.recurrent_kernel"] + w["lstm.bias"]
         i, f, g, o = np.split(z, 4, axis=-1)
         c = sigmoid(f) * c + sigmoid(i) * np.tanh(g)
         h = sigmoid(o) * np.tanh(c)
-    return h
+        hs.append(h)
+        cs.append(c)
+    return np.stack(hs, axis=1), np.stack(cs, axis=1)
 
 
-def gru_last_hidden(x: np.ndarray, w: Mapping[str, np.ndarray]) -> np.ndarray:
-    """x (B, T, in) -> the last hidden state; torch's formula (Keras' reset_after=True), gates r, z, n."""
+def lstm_last_hidden(x: np.ndarray, w: Mapping[str, np.ndarray]) -> np.ndarray:
+    """x (B, T, in) -> the last hidden state."""
+    return lstm_states(x, w)[0][:, -1]
+
+
+def gru_states(x: np.ndarray, w: Mapping[str, np.ndarray]) -> np.ndarray:
+    """x (B, T, in) -> the hidden state after every step (B, T, hidden); torch's formula (Keras'
+    reset_after=True), gates r, z, n."""
     hidden = w["gru.recurrent_kernel"].shape[0]
     h = np.zeros((x.shape[0], hidden))
+    hs = []
     for t in range(x.shape[1]):
         xr, xz, xn = np.split(x[:, t] @ w["gru.kernel"] + w["gru.input_bias"], 3, axis=-1)
         hr, hz, hn = np.split(h @ w["gru.recurrent_kernel"] + w["gru.recurrent_bias"], 3, axis=-1)
         r, z = sigmoid(xr + hr), sigmoid(xz + hz)
         n = np.tanh(xn + r * hn)
         h = (1 - z) * n + z * h
-    return h
+        hs.append(h)
+    return np.stack(hs, axis=1)
+
+
+def gru_last_hidden(x: np.ndarray, w: Mapping[str, np.ndarray]) -> np.ndarray:
+    """x (B, T, in) -> the last hidden state."""
+    return gru_states(x, w)[:, -1]
 
 
 def max_pool2x2(x: np.ndarray) -> np.ndarray:
@@ -111,7 +128,7 @@ def forward(config: ModelConfig, weights: Mapping[str, np.ndarray], images: np.n
             padding: str = "same") -> np.ndarray:
     """Logits in float64 for images (batch, height, width), from canonical weights, in inference mode
     (BatchNorm uses its running statistics, no dropout). `padding` is conv2d's (tests plant "symmetric")."""
-    return _forward(config, weights, images, False, None, {}, padding)
+    return forward_with_taps(config, weights, images, padding=padding)["logits"]
 
 
 def forward_train(config: ModelConfig, weights: Mapping[str, np.ndarray], images: np.ndarray,
@@ -120,62 +137,97 @@ def forward_train(config: ModelConfig, weights: Mapping[str, np.ndarray], images
     `dropout_mask` (rosetta_common.training.dropout_masks: 0 or 1 / (1 - rate); None: no dropout). Returns
     the logits and the updated running statistics (empty for models without BatchNorm)."""
     statistics: dict[str, np.ndarray] = {}
-    logits = _forward(config, weights, images, True, dropout_mask, statistics, "same")
+    logits = forward_with_taps(config, weights, images, training=True, dropout_mask=dropout_mask,
+                               statistics=statistics)["logits"]
     return logits, statistics
 
 
+def forward_with_taps(config: ModelConfig, weights: Mapping[str, np.ndarray], images: np.ndarray, *,
+                      padding: str = "same", training: bool = False, dropout_mask: np.ndarray | None = None,
+                      statistics: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+    """Every tap of rosetta_common.taps, float64, in tap order: the one forward of every architecture, which
+    `forward` and `forward_train` read the logits of. Inference mode by default; `training` is forward_train's
+    mode (batch statistics, the new running statistics written to `statistics`, `dropout_mask` applied to the
+    pooled features after the `pool` tap)."""
+    out = _forward(config, weights, images, training, dropout_mask, {} if statistics is None else statistics,
+                   padding)
+    names = tap_names(config)
+    assert list(out) == names, (list(out), names)  # the forward computes the taps in the canonical order
+    return out
+
+
 def _forward(config: ModelConfig, weights: Mapping[str, np.ndarray], images: np.ndarray, training: bool,
-             dropout_mask: np.ndarray | None, statistics: dict[str, np.ndarray], padding: str) -> np.ndarray:
+             dropout_mask: np.ndarray | None, statistics: dict[str, np.ndarray],
+             padding: str) -> dict[str, np.ndarray]:
     arch = config.arch
     w = {k: np.asarray(v, np.float64) for k, v in weights.items()}
     x = np.asarray(images, np.float64)
     batch = x.shape[0]
+    t: dict[str, np.ndarray] = {}  # the taps, filled in the order they are computed
     if arch == "mlp":
-        h = np.maximum(x.reshape(batch, -1) @ w["hidden.kernel"] + w["hidden.bias"], 0.0)
-        return h @ w["head.kernel"] + w["head.bias"]
-    if arch == "cnn":
-        h = np.maximum(conv3x3_same(x[..., None], w["conv1.kernel"], w["conv1.bias"]), 0.0)
-        h = max_pool2x2(h)
-        h = np.maximum(conv3x3_same(h, w["conv2.kernel"], w["conv2.bias"]), 0.0)
-        return h.reshape(batch, -1) @ w["head.kernel"] + w["head.bias"]  # (h, w, c) flatten order
-    if arch == "attention":
+        t["hidden"] = x.reshape(batch, -1) @ w["hidden.kernel"] + w["hidden.bias"]
+        t["hidden.relu"] = np.maximum(t["hidden"], 0.0)
+        t["logits"] = t["hidden.relu"] @ w["head.kernel"] + w["head.bias"]
+    elif arch == "cnn":
+        t["conv1"] = conv3x3_same(x[..., None], w["conv1.kernel"], w["conv1.bias"])
+        t["conv1.relu"] = np.maximum(t["conv1"], 0.0)
+        t["pool"] = max_pool2x2(t["conv1.relu"])
+        t["conv2"] = conv3x3_same(t["pool"], w["conv2.kernel"], w["conv2.bias"])
+        t["conv2.relu"] = np.maximum(t["conv2"], 0.0)
+        t["logits"] = t["conv2.relu"].reshape(batch, -1) @ w["head.kernel"] + w["head.bias"]  # (h, w, c) order
+    elif arch == "attention":
         a = config.settings
         eps, heads, hd = a.layer_norm_eps, a.num_heads, a.head_dim
-        h = x @ w["embed.kernel"] + w["embed.bias"] + w["pos_embedding"]
+        h = t["embed"] = x @ w["embed.kernel"] + w["embed.bias"] + w["pos_embedding"]
         tokens = h.shape[1]
 
-        def split(t: np.ndarray) -> np.ndarray:  # (B, T, E) -> (B, heads, T, head_dim)
-            return t.reshape(batch, tokens, heads, hd).transpose(0, 2, 1, 3)
+        def split(v: np.ndarray) -> np.ndarray:  # (B, T, E) -> (B, heads, T, head_dim)
+            return v.reshape(batch, tokens, heads, hd).transpose(0, 2, 1, 3)
 
-        n = layer_norm(h, w["block.norm1.scale"], w["block.norm1.bias"], eps)
-        q, k, v = (split(n @ w[f"block.attn.{p}.kernel"]) for p in ("query", "key", "value"))
+        n = t["block.norm1"] = layer_norm(h, w["block.norm1.scale"], w["block.norm1.bias"], eps)
+        for p in ("query", "key", "value"):
+            t[f"block.attn.{p}"] = split(n @ w[f"block.attn.{p}.kernel"])
+        q, k, v = t["block.attn.query"], t["block.attn.key"], t["block.attn.value"]
         scores = q @ k.transpose(0, 1, 3, 2) / math.sqrt(hd)
         scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
-        scores /= scores.sum(axis=-1, keepdims=True)
-        attended = (scores @ v).transpose(0, 2, 1, 3).reshape(batch, tokens, heads * hd)
-        h = h + attended @ w["block.attn.out.kernel"] + w["block.attn.out.bias"]
-        n = layer_norm(h, w["block.norm2.scale"], w["block.norm2.bias"], eps)
-        m = gelu(n @ w["block.mlp.fc1.kernel"] + w["block.mlp.fc1.bias"])
-        h = h + m @ w["block.mlp.fc2.kernel"] + w["block.mlp.fc2.bias"]
-        h = layer_norm(h, w["final_norm.scale"], w["final_norm.bias"], eps).mean(axis=1)
-        return h @ w["head.kernel"] + w["head.bias"]
-    if arch == "resnet":
+        t["block.attn.weights"] = scores / scores.sum(axis=-1, keepdims=True)
+        attended = (t["block.attn.weights"] @ v).transpose(0, 2, 1, 3).reshape(batch, tokens, heads * hd)
+        projected = attended @ w["block.attn.out.kernel"]
+        t["block.attn.out"] = projected + w["block.attn.out.bias"]
+        h = h + projected + w["block.attn.out.bias"]  # summed in this order since before the taps: same bits
+        t["block.norm2"] = layer_norm(h, w["block.norm2.scale"], w["block.norm2.bias"], eps)
+        t["block.mlp.fc1"] = t["block.norm2"] @ w["block.mlp.fc1.kernel"] + w["block.mlp.fc1.bias"]
+        t["block.mlp.gelu"] = gelu(t["block.mlp.fc1"])
+        projected = t["block.mlp.gelu"] @ w["block.mlp.fc2.kernel"]
+        t["block.mlp.fc2"] = projected + w["block.mlp.fc2.bias"]
+        t["block"] = h + projected + w["block.mlp.fc2.bias"]
+        t["final_norm"] = layer_norm(t["block"], w["final_norm.scale"], w["final_norm.bias"], eps)
+        t["pool"] = t["final_norm"].mean(axis=1)
+        t["logits"] = t["pool"] @ w["head.kernel"] + w["head.bias"]
+    elif arch == "resnet":
         r = config.settings
 
-        def conv_bn(t: np.ndarray, conv: str, bn: str, stride: int) -> np.ndarray:
-            t = conv2d(t, w[f"{conv}.kernel"], stride, padding)
-            return batch_norm(t, w, bn, r.batchnorm_momentum, r.batchnorm_epsilon, training, statistics)
+        def conv_bn(v: np.ndarray, conv: str, bn: str, stride: int) -> np.ndarray:
+            t[conv] = conv2d(v, w[f"{conv}.kernel"], stride, padding)
+            t[bn] = batch_norm(t[conv], w, bn, r.batchnorm_momentum, r.batchnorm_epsilon, training, statistics)
+            return t[bn]
 
-        h = np.maximum(conv_bn(x[..., None], "stem.conv", "stem.bn", 1), 0.0)
+        h = t["stem.relu"] = np.maximum(conv_bn(x[..., None], "stem.conv", "stem.bn", 1), 0.0)
         shortcut = conv_bn(h, "block.shortcut.conv", "block.shortcut.bn", 2)
-        y = np.maximum(conv_bn(h, "block.conv1", "block.bn1", 2), 0.0)
-        y = conv_bn(y, "block.conv2", "block.bn2", 1)
-        pooled = np.maximum(y + shortcut, 0.0).mean(axis=(1, 2))
+        t["block.relu1"] = np.maximum(conv_bn(h, "block.conv1", "block.bn1", 2), 0.0)
+        y = conv_bn(t["block.relu1"], "block.conv2", "block.bn2", 1)
+        t["block"] = np.maximum(y + shortcut, 0.0)
+        pooled = t["pool"] = t["block"].mean(axis=(1, 2))
         if training and dropout_mask is not None:
             pooled = pooled * np.asarray(dropout_mask, np.float64)
-        return pooled @ w["head.kernel"] + w["head.bias"]
-    if arch == "lstm":
-        return lstm_last_hidden(x, w) @ w["head.kernel"] + w["head.bias"]
-    if arch == "gru":
-        return gru_last_hidden(x, w) @ w["head.kernel"] + w["head.bias"]
-    raise ValueError(f"architecture {arch!r} is unknown")
+        t["logits"] = pooled @ w["head.kernel"] + w["head.bias"]
+    elif arch == "lstm":
+        t["lstm.hidden"], t["lstm.cell"] = lstm_states(x, w)
+        t = {"lstm.cell": t["lstm.cell"], "lstm.hidden": t["lstm.hidden"]}  # c_t comes first in every step
+        t["logits"] = t["lstm.hidden"][:, -1] @ w["head.kernel"] + w["head.bias"]
+    elif arch == "gru":
+        t["gru.hidden"] = gru_states(x, w)
+        t["logits"] = t["gru.hidden"][:, -1] @ w["head.kernel"] + w["head.bias"]
+    else:
+        raise ValueError(f"architecture {arch!r} is unknown")
+    return t

@@ -47,3 +47,10 @@ def learnable_data(n_train: int = 128, n_test: int = 32, seed: int = 0,
     projection = rng.normal(size=(image_shape[0] * image_shape[1], NUM_CLASSES))
     labels = ((images.reshape(len(images), -1) - 0.5) @ projection).argmax(axis=1).astype(np.int64)
     return Dataset(images[:n_train], labels[:n_train], images[n_train:], labels[n_train:])
+
+
+def swap_blocks(value: np.ndarray, blocks: int, a: int, b: int) -> np.ndarray:
+    """Swap gate blocks a and b along the last axis (a gate order mapped wrongly)."""
+    parts = np.split(value, blocks, axis=-1)
+    parts[a], parts[b] = parts[b], parts[a]
+    return np.concatenate(parts, axis=-1)

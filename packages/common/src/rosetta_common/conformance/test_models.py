@@ -11,7 +11,7 @@ from rosetta_common.errors import WeightsError
 from rosetta_common.metrics import max_abs_diff
 from rosetta_common.reference import forward, forward_train
 from rosetta_common.spec import ModelConfig, Spec
-from rosetta_common.testing import asymmetric_weights, small_config, small_spec
+from rosetta_common.testing import asymmetric_weights, small_config, small_spec, swap_blocks
 from rosetta_common.training import dropout_features, dropout_masks, plan
 from rosetta_common.weights import Weights, canonical_shapes, is_statistic
 
@@ -131,13 +131,6 @@ def test_training_forward_matches_float64_reference(backend: ModuleType, arch: s
     assert max_abs_diff(backend.predict(model, images), forward(config, after, images)) <= FORWARD_ABS
 
 
-def _swap_blocks(value: np.ndarray, blocks: int, a: int, b: int) -> np.ndarray:
-    """Swap gate blocks a and b along the last axis (a gate order mapped wrongly)."""
-    parts = np.split(value, blocks, axis=-1)
-    parts[a], parts[b] = parts[b], parts[a]
-    return np.concatenate(parts, axis=-1)
-
-
 def _planted(arch: str, mistake: str, config: ModelConfig, weights: Weights, images: np.ndarray,
              mask: np.ndarray | None) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """What the reference computes if a package made `mistake`: (inference logits, statistics after one
@@ -161,7 +154,7 @@ def _planted(arch: str, mistake: str, config: ModelConfig, weights: Weights, ima
         blocks = 4 if arch == "lstm" else 3
         for name in w:
             if name.startswith(f"{arch}."):
-                w[name] = _swap_blocks(w[name], blocks, 0, 1)
+                w[name] = swap_blocks(w[name], blocks, 0, 1)
     elif mistake == "bias_counted_twice":  # torch's bias_ih and bias_hh both given the canonical bias
         w["lstm.bias"] = 2 * w["lstm.bias"]
     elif mistake == "bias_sides_swapped":  # GRU input and recurrent bias exchanged

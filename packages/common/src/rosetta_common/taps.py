@@ -1,0 +1,126 @@
+"""Per-layer taps: the canonical, ordered list of intermediate values of every architecture, and the framework-free
+comparison that names the first tap where two forwards part.
+
+When a forward check fails, the logits say only that something differs. Every framework package returns these
+taps (`forward_with_taps` in its `taps.py`), in these names, this order and these layouts, and so does the float64
+reference (`rosetta_common.reference.forward_with_taps`), so `first_divergent` points at the layer where a porting
+mistake enters instead of leaving a bisection by hand.
+
+The taps follow the reference's forward, step by step, in the order it computes them (the order is what makes
+"first" meaningful: a mistake shows at the tap where it enters and at every later one that depends on it):
+- images are NHWC (batch, height, width, channels), whatever the framework keeps (torch's NCHW is transposed);
+- dense outputs are (batch, features), or (batch, tokens, features) for attention's per-token layers;
+- attention's q, k and v are taken after the head split, (batch, heads, tokens, head_dim), head h being columns
+  h*head_dim:(h+1)*head_dim of the projection (rosetta_common.weights); the attention weights are the softmax,
+  (batch, heads, query token, key token);
+- recurrent layers tap the hidden state (and the LSTM its cell state) after every time step, (batch, time,
+  hidden), not gate pre-activations (their layout is the one thing every framework orders differently);
+- `.relu` / `.gelu` taps are the activation's output, the tap named by the layer alone its pre-activation;
+- `logits` is the model's output, what `predict` returns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from rosetta_common.spec import ModelConfig
+
+
+@dataclass(frozen=True)
+class Tap:
+    name: str
+    shape: tuple[int, ...]  # for the batch size asked for
+    layout: str  # the axes, in words
+
+
+def taps(config: ModelConfig, batch: int) -> list[Tap]:
+    """Every tap of `config`'s architecture for a batch of `batch` images, in the order the forward computes them."""
+    arch, (height, width), classes, a = config.arch, config.image_shape, config.num_classes, config.settings
+    b = batch
+    features = "(batch, features)"
+    nhwc = "NHWC (batch, height, width, channels)"
+    logits = Tap("logits", (b, classes), "(batch, classes)")
+    if arch == "mlp":
+        return [Tap("hidden", (b, a.hidden), features), Tap("hidden.relu", (b, a.hidden), features), logits]
+    if arch == "cnn":
+        c1, c2, half = a.conv1_filters, a.conv2_filters, (height // 2, width // 2)
+        return [Tap("conv1", (b, height, width, c1), nhwc), Tap("conv1.relu", (b, height, width, c1), nhwc),
+                Tap("pool", (b, *half, c1), nhwc), Tap("conv2", (b, *half, c2), nhwc),
+                Tap("conv2.relu", (b, *half, c2), nhwc), logits]
+    if arch == "attention":
+        e, m, heads, tokens = a.embed_dim, a.mlp_dim, a.num_heads, height
+        per_token = "(batch, tokens, features)"
+        split = Tap("", (b, heads, tokens, a.head_dim), "(batch, heads, tokens, head_dim)")
+        return [
+            Tap("embed", (b, tokens, e), f"{per_token}: the embedding plus the positions"),
+            Tap("block.norm1", (b, tokens, e), per_token),
+            *(Tap(f"block.attn.{p}", split.shape, split.layout) for p in ("query", "key", "value")),
+            Tap("block.attn.weights", (b, heads, tokens, tokens), "(batch, heads, query token, key token): softmax"),
+            Tap("block.attn.out", (b, tokens, e), f"{per_token}: the output projection"),
+            Tap("block.norm2", (b, tokens, e), f"{per_token}: of the first residual sum"),
+            Tap("block.mlp.fc1", (b, tokens, m), per_token),
+            Tap("block.mlp.gelu", (b, tokens, m), per_token),
+            Tap("block.mlp.fc2", (b, tokens, e), per_token),
+            Tap("block", (b, tokens, e), f"{per_token}: the block's output, both residual sums"),
+            Tap("final_norm", (b, tokens, e), per_token),
+            Tap("pool", (b, e), f"{features}: the mean over tokens"),
+            logits,
+        ]
+    if arch == "resnet":
+        stem, filters = a.stem_filters, a.block_filters
+        full, half = (b, height, width, stem), (b, -(-height // 2), -(-width // 2), filters)
+        return [
+            Tap("stem.conv", full, nhwc), Tap("stem.bn", full, nhwc), Tap("stem.relu", full, nhwc),
+            Tap("block.shortcut.conv", half, nhwc), Tap("block.shortcut.bn", half, nhwc),
+            Tap("block.conv1", half, nhwc), Tap("block.bn1", half, nhwc), Tap("block.relu1", half, nhwc),
+            Tap("block.conv2", half, nhwc), Tap("block.bn2", half, nhwc),
+            Tap("block", half, f"{nhwc}: ReLU of the residual sum"),
+            Tap("pool", (b, filters), f"{features}: the global mean, before dropout"),
+            logits,
+        ]
+    if arch in ("lstm", "gru"):
+        steps = "(batch, time, hidden): after every time step (image row)"
+        states = [Tap(f"{arch}.hidden", (b, height, a.hidden), steps)]
+        if arch == "lstm":  # the cell state is computed first in each step: c_t, then h_t = o * tanh(c_t)
+            states.insert(0, Tap("lstm.cell", (b, height, a.hidden), steps))
+        return [*states, logits]
+    raise ValueError(f"architecture {arch!r} has no taps")  # ModelConfig admits only the architectures above
+
+
+def tap_names(config: ModelConfig) -> list[str]:
+    return [tap.name for tap in taps(config, 1)]
+
+
+@dataclass(frozen=True)
+class TapDiff:
+    max_abs: float  # max |a - b|
+    scale: float  # max |b|: the tap's own size
+    rel: float  # max_abs / scale (0 for two zero taps)
+
+
+def tap_diffs(taps_a: Mapping[str, np.ndarray], taps_b: Mapping[str, np.ndarray]) -> dict[str, TapDiff]:
+    """Each tap's max abs difference, and that relative to the scale of `taps_b` (the reference, usually), in
+    order. ValueError, naming them, if the two do not hold the same taps in the same order and shapes."""
+    if list(taps_a) != list(taps_b):
+        raise ValueError(f"tap names differ: {list(taps_a)} against {list(taps_b)}")
+    out = {}
+    for name, b in taps_b.items():
+        a64, b64 = np.asarray(taps_a[name], np.float64), np.asarray(b, np.float64)
+        if a64.shape != b64.shape:
+            raise ValueError(f"tap {name}: shape {a64.shape} against {b64.shape}")
+        max_abs = float(np.max(np.abs(a64 - b64))) if a64.size else 0.0
+        scale = float(np.max(np.abs(b64))) if b64.size else 0.0
+        out[name] = TapDiff(max_abs, scale, max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else np.inf))
+    return out
+
+
+def first_divergent(taps_a: Mapping[str, np.ndarray], taps_b: Mapping[str, np.ndarray],
+                    tolerance: float) -> tuple[str | None, dict[str, TapDiff]]:
+    """The first tap (in tap order) whose max abs difference exceeds `tolerance` (None: every tap agrees), and
+    every tap's figures. A NaN difference counts as over the tolerance."""
+    diffs = tap_diffs(taps_a, taps_b)
+    first = next((name for name, d in diffs.items() if not d.max_abs <= tolerance), None)
+    return first, diffs
