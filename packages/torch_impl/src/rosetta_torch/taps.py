@@ -1,0 +1,137 @@
+"""The contract's forward_with_taps: every tap of rosetta_common.taps, read from the model's own forward with
+torch's own mechanisms, converted to the canonical layout (NCHW -> NHWC, the heads split).
+
+- Forward hooks (`register_forward_hook`) give a module's output, forward pre-hooks
+  (`register_forward_pre_hook`) its input: a ReLU or a pooling written as F.relu / F.max_pool2d is not a module,
+  but its output is the next module's input (the CNN's pool is conv2's input, the GELU fc2's input).
+- A TorchFunctionMode (torch.overrides) sees every torch function the forward calls, so the two values that are
+  no module's input or output are read too: the CNN's first ReLU (it feeds F.max_pool2d) and the attention
+  weights (the softmax inside SelfAttention.forward). Nothing in the models changes: hooks and the mode exist
+  only during this call, so state_dict, model.pt2 and model.onnx are what they were.
+- The one tap torch's forward does not hold is the LSTM's cell state per step: nn.LSTM's fused kernel returns
+  only the last one. It comes from stepping the same nn.LSTM one time step at a time from the previous step's
+  (h, c): the model's own module and weights, not the forward's tensors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+from rosetta_common.spec import ModelConfig
+from rosetta_common.taps import Tap, taps
+from rosetta_torch.models import model_device
+
+# Tap -> where torch's forward holds it: (module path, "output" | "input" | the name of a torch function called in
+# that module's own forward, first call). Module paths are the canonical names (models.py); "" is the model.
+SOURCES: dict[str, dict[str, tuple[str, str]]] = {
+    "mlp": {"hidden": ("hidden", "output"), "hidden.relu": ("head", "input"), "logits": ("head", "output")},
+    "cnn": {"conv1": ("conv1", "output"), "conv1.relu": ("", "relu"), "pool": ("conv2", "input"),
+            "conv2": ("conv2", "output"), "conv2.relu": ("head", "input"), "logits": ("head", "output")},
+    "attention": {
+        "embed": ("block", "input"), "block.norm1": ("block.norm1", "output"),
+        "block.attn.query": ("block.attn.query", "output"), "block.attn.key": ("block.attn.key", "output"),
+        "block.attn.value": ("block.attn.value", "output"), "block.attn.weights": ("block.attn", "softmax"),
+        "block.attn.out": ("block.attn.out", "output"), "block.norm2": ("block.norm2", "output"),
+        "block.mlp.fc1": ("block.mlp.fc1", "output"), "block.mlp.gelu": ("block.mlp.fc2", "input"),
+        "block.mlp.fc2": ("block.mlp.fc2", "output"), "block": ("block", "output"),
+        "final_norm": ("final_norm", "output"), "pool": ("head", "input"), "logits": ("head", "output"),
+    },
+    "resnet": {
+        "stem.conv": ("stem.conv", "output"), "stem.bn": ("stem.bn", "output"), "stem.relu": ("block", "input"),
+        "block.shortcut.conv": ("block.shortcut.conv", "output"),
+        "block.shortcut.bn": ("block.shortcut.bn", "output"), "block.conv1": ("block.conv1", "output"),
+        "block.bn1": ("block.bn1", "output"), "block.relu1": ("block.pad2", "input"),
+        "block.conv2": ("block.conv2", "output"), "block.bn2": ("block.bn2", "output"),
+        "block": ("block", "output"), "pool": ("dropout", "input"), "logits": ("head", "output"),
+    },
+    "lstm": {"lstm.cell": ("lstm", "stepped"), "lstm.hidden": ("lstm", "output"), "logits": ("head", "output")},
+    "gru": {"gru.hidden": ("gru", "output"), "logits": ("head", "output")},
+}
+
+
+class _FunctionRecorder(TorchFunctionMode):
+    """Records the first output of each named torch function in the innermost module running it."""
+
+    def __init__(self, wanted: set[tuple[str, str]], scope: list[str], into: dict[tuple[str, str], Any]) -> None:
+        super().__init__()
+        self.wanted, self.scope, self.into = wanted, scope, into
+
+    def __torch_function__(self, func: Callable[..., Any], types: Any, args: tuple = (),
+                           kwargs: dict | None = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        key = (self.scope[-1], getattr(func, "__name__", ""))
+        if key in self.wanted and key not in self.into:
+            self.into[key] = out
+        return out
+
+
+def _first(value: Any) -> torch.Tensor:
+    """A module's tensor: nn.LSTM / nn.GRU return (outputs, state), hooks' inputs are argument tuples."""
+    return value[0] if isinstance(value, tuple) else value
+
+
+def _canonical(config: ModelConfig, tap: Tap, value: torch.Tensor) -> np.ndarray:
+    """torch's layout -> the tap's canonical one."""
+    if config.arch in ("cnn", "resnet") and len(tap.shape) == 4:  # NCHW, or the CNN head's (c, h, w) flatten
+        b, h, w, c = tap.shape
+        value = value.reshape(b, c, h, w).permute(0, 2, 3, 1)
+    elif tap.name in ("block.attn.query", "block.attn.key", "block.attn.value"):
+        b, heads, tokens, head_dim = tap.shape
+        value = value.reshape(b, tokens, heads, head_dim).transpose(1, 2)
+    return value.float().cpu().numpy()
+
+
+def _stepped_cells(lstm: nn.LSTM, x: torch.Tensor) -> torch.Tensor:
+    """The cell state after every step, (B, T, hidden), from nn.LSTM run one step at a time."""
+    h = c = torch.zeros(1, x.shape[0], lstm.hidden_size, device=x.device)
+    cells = []
+    for t in range(x.shape[1]):
+        _, (h, c) = lstm(x[:, t:t + 1], (h, c))
+        cells.append(c[0])
+    return torch.stack(cells, dim=1)
+
+
+@torch.inference_mode()
+def forward_with_taps(model: nn.Module, images: np.ndarray) -> dict[str, np.ndarray]:
+    """Every tap of rosetta_common.taps in the canonical names, order, shapes and layouts, float32, from one
+    inference-mode forward of `model` (its `logits` are what predict returns)."""
+    model.eval()
+    config: ModelConfig = model.config
+    sources = SOURCES[config.arch]
+    x = torch.as_tensor(np.asarray(images, np.float32), device=model_device(model))
+    modules = dict(model.named_modules())
+    read: dict[tuple[str, str], Any] = {}
+    scope: list[str] = []
+    handles = []
+
+    def enter(path: str) -> Callable[..., None]:
+        def hook(module: nn.Module, args: tuple) -> None:
+            scope.append(path)
+            read.setdefault((path, "input"), _first(args))
+        return hook
+
+    def leave(path: str) -> Callable[..., None]:
+        def hook(module: nn.Module, args: tuple, output: Any) -> None:
+            scope.pop()
+            read.setdefault((path, "output"), _first(output))
+        return hook
+
+    try:
+        for path, module in modules.items():
+            handles.append(module.register_forward_pre_hook(enter(path)))
+            handles.append(module.register_forward_hook(leave(path)))
+        wanted = {source for source in sources.values() if source[1] not in ("input", "output", "stepped")}
+        with _FunctionRecorder(wanted, scope, read):
+            model(x)
+    finally:
+        for handle in handles:
+            handle.remove()
+    if config.arch == "lstm":  # after the hooks are gone: stepping calls the module again
+        read[("lstm", "stepped")] = _stepped_cells(model.lstm, x)
+    return {tap.name: _canonical(config, tap, read[sources[tap.name]]) for tap in taps(config, len(images))}
