@@ -1,0 +1,134 @@
+"""The contract's forward_with_taps: every tap of rosetta_common.taps, read from the model's own forward with
+Flax NNX's own mechanism, converted to the canonical layout (the heads split).
+
+- nnx.capture(method_outputs=...) sows the output of every module method, but not a module's input, and the
+  ReLUs, the pooling and the GELU here are functions (nnx.relu, nnx.max_pool, nnx.gelu) whose outputs are only
+  the next module's input. So this does what nnx.capture does (Flax patches each module class's methods for the
+  call and restores them after), recording each wanted submodule's input and output: NNX's forward hooks. The
+  models are unchanged: their graphdef, state, jax.export and ONNX are what they were.
+- The forward runs eagerly (not jitted): a traced call would be cached across calls and would hide a change to
+  the model's Python (as the tests plant); predict's jitted logits agree within the native round-trip bound.
+- Two taps are no module's input or output: the CNN's first ReLU (it feeds nnx.max_pool) is nnx.relu of conv1's
+  output, and the attention weights are the softmax of the split q and k, computed here as SelfAttention does;
+  a mistake inside SelfAttention.__call__ therefore shows at block.attn.out, not at the weights. The LSTM's
+  cell state per step is the carry of the model's own cell, stepped over the rows (nnx.RNN returns only the
+  hidden states).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from rosetta_common.spec import ModelConfig
+from rosetta_common.taps import Tap, taps
+
+# Tap -> where the NNX forward holds it: (module path, "output" | "input"), or (…, "derived") for the taps
+# computed here from others. Module paths are the canonical names (models.py); "" is the model.
+SOURCES: dict[str, dict[str, tuple[str, str]]] = {
+    "mlp": {"hidden": ("hidden", "output"), "hidden.relu": ("head", "input"), "logits": ("head", "output")},
+    "cnn": {"conv1": ("conv1", "output"), "conv1.relu": ("conv1", "derived"), "pool": ("conv2", "input"),
+            "conv2": ("conv2", "output"), "conv2.relu": ("head", "input"), "logits": ("head", "output")},
+    "attention": {
+        "embed": ("block", "input"), "block.norm1": ("block.norm1", "output"),
+        "block.attn.query": ("block.attn.query", "output"), "block.attn.key": ("block.attn.key", "output"),
+        "block.attn.value": ("block.attn.value", "output"), "block.attn.weights": ("block.attn", "derived"),
+        "block.attn.out": ("block.attn.out", "output"), "block.norm2": ("block.norm2", "output"),
+        "block.mlp.fc1": ("block.mlp.fc1", "output"), "block.mlp.gelu": ("block.mlp.fc2", "input"),
+        "block.mlp.fc2": ("block.mlp.fc2", "output"), "block": ("block", "output"),
+        "final_norm": ("final_norm", "output"), "pool": ("head", "input"), "logits": ("head", "output"),
+    },
+    "resnet": {
+        "stem.conv": ("stem.conv", "output"), "stem.bn": ("stem.bn", "output"), "stem.relu": ("block", "input"),
+        "block.shortcut.conv": ("block.shortcut.conv", "output"),
+        "block.shortcut.bn": ("block.shortcut.bn", "output"), "block.conv1": ("block.conv1", "output"),
+        "block.bn1": ("block.bn1", "output"), "block.relu1": ("block.conv2", "input"),
+        "block.conv2": ("block.conv2", "output"), "block.bn2": ("block.bn2", "output"),
+        "block": ("block", "output"), "pool": ("dropout", "input"), "logits": ("head", "output"),
+    },
+    "lstm": {"lstm.cell": ("lstm", "derived"), "lstm.hidden": ("lstm", "output"), "logits": ("head", "output")},
+    "gru": {"gru.hidden": ("gru", "output"), "logits": ("head", "output")},
+}
+
+
+@contextmanager
+def _recording(model: nnx.Module, paths: set[str]) -> Iterator[dict[tuple[str, str], Any]]:
+    """While open, the first input and output of each module at `paths`, as nnx.capture records outputs."""
+    modules = {".".join(map(str, path)): module for path, module in nnx.iter_modules(model)}
+    by_id = {id(module): path for path, module in modules.items()}
+    read: dict[tuple[str, str], Any] = {}
+    classes = {type(modules[path]) for path in paths}
+    patched: list[tuple[type, Any]] = []
+
+    def recorder(call: Callable[..., Any]) -> Callable[..., Any]:
+        def recorded(self: nnx.Module, *args: Any, **kwargs: Any) -> Any:
+            out = call(self, *args, **kwargs)
+            path = by_id.get(id(self))
+            if path in paths:  # other instances of the class (a cell's Linears inside a scan) pass through
+                read.setdefault((path, "input"), args[0])
+                read.setdefault((path, "output"), out)
+            return out
+        return recorded
+
+    try:
+        for cls in classes:
+            patched.append((cls, cls.__dict__.get("__call__")))
+            cls.__call__ = recorder(cls.__call__)
+        yield read
+    finally:
+        for cls, own in reversed(patched):
+            if own is None:
+                del cls.__call__
+            else:
+                cls.__call__ = own
+
+
+def _split(value: jax.Array, tap: Tap) -> jax.Array:
+    """(B, T, E) -> (B, heads, T, head_dim), head h being columns h*head_dim:(h+1)*head_dim."""
+    b, heads, tokens, head_dim = tap.shape
+    return value.reshape(b, tokens, heads, head_dim).transpose(0, 2, 1, 3)
+
+
+def _stepped_cells(model: nnx.Module, x: jax.Array) -> jax.Array:
+    """The LSTM's cell state after every step, (B, T, hidden), from its own cell stepped over the rows."""
+    zeros = jnp.zeros((x.shape[0], model.hidden), x.dtype)
+    carry, cells = (zeros, zeros), []
+    for t in range(x.shape[1]):
+        carry, _ = model.lstm.cell(carry, x[:, t])
+        cells.append(carry[0])  # OptimizedLSTMCell's carry is (c, h)
+    return jnp.stack(cells, axis=1)
+
+
+def forward_with_taps(model: nnx.Module, images: np.ndarray) -> dict[str, np.ndarray]:
+    """Every tap of rosetta_common.taps in the canonical names, order, shapes and layouts, float32, from one
+    inference-mode forward of `model` (its `logits` are what predict returns)."""
+    config: ModelConfig = model.config
+    sources = SOURCES[config.arch]
+    x = jnp.asarray(images, jnp.float32)
+    with _recording(model, {path for path, kind in sources.values() if kind != "derived"}) as read:
+        model(x)
+    out: dict[str, jax.Array] = {}
+    for tap in taps(config, len(images)):
+        path, kind = sources[tap.name]
+        if tap.name == "conv1.relu":
+            value = nnx.relu(read[("conv1", "output")])
+        elif tap.name == "block.attn.weights":
+            q, k = out["block.attn.query"], out["block.attn.key"]
+            value = jax.nn.softmax(q @ k.transpose(0, 1, 3, 2) / math.sqrt(q.shape[-1]), axis=-1)
+        elif tap.name == "lstm.cell":
+            value = _stepped_cells(model, x)
+        elif config.arch in ("lstm", "gru") and tap.name.endswith(".hidden"):
+            value = read[(path, kind)][1]  # nnx.RNN(return_carry=True) returns (carry, every step's output)
+        else:
+            value = read[(path, kind)]
+        if tap.name in ("block.attn.query", "block.attn.key", "block.attn.value"):
+            value = _split(value, tap)
+        out[tap.name] = value.reshape(tap.shape)  # the CNN head's input is the (h, w, c) flatten: NHWC back
+    return {name: np.asarray(value, np.float32) for name, value in out.items()}
