@@ -16,6 +16,7 @@ from rosetta_common.interface import check_backend
 from rosetta_tf.distributed import start_worker, stop_worker, train_data_parallel
 from rosetta_tf.export import export_native, export_onnx, load_native
 from rosetta_tf.models import build, forward_train, model_config, predict
+from rosetta_tf.taps import forward_with_taps
 from rosetta_tf.train import apply_optimizer, configure, make_optimizer, train
 from rosetta_tf.weights import from_canonical, to_canonical
 
@@ -29,6 +30,7 @@ __all__ = [
     "export_native",
     "export_onnx",
     "forward_train",
+    "forward_with_taps",
     "from_canonical",
     "load_native",
     "make_optimizer",

@@ -1,0 +1,126 @@
+"""The contract's forward_with_taps: every tap of rosetta_common.taps, read from the model's own layers with
+Keras' own mechanism, a functional model over the layers' outputs, converted to the canonical layout.
+
+- `keras.Model(model.inputs, [layer outputs and inputs])` over the model's own graph nodes reads every tap that
+  is a layer's output or input: all of the ResNet's (its ReLUs are layers), the CNN's pool and post-ReLU convs,
+  the attention model's embedding, block, final norm and mean. Keras NHWC is the canonical layout already.
+- A Dense or Conv2D with a fused activation (activation="relu": the MLP's hidden layer, the CNN's convs) never
+  holds its pre-activation as a tensor; it is the same layer rebuilt from its own config without the
+  activation, given the layer's own weights, applied to the layer's own input (Keras' call, Keras' op).
+- The attention block is one custom layer (EncoderBlock) whose sublayers are called inside its `call`, so its
+  inner taps are no node of the functional graph: they are its own sublayers (norm1, attn.query/key/value,
+  attn, norm2, fc1, fc2) and models.gelu_exact applied in turn to the block's input, and the attention weights
+  the softmax of the split q and k as SelfAttention.call computes them; a mistake in EncoderBlock.call's or
+  SelfAttention.call's own glue therefore shows at `block` or `block.attn.out`, not earlier.
+- Keras' LSTM and GRU return the last step only (return_sequences=False, kept: the exports are unchanged), so
+  the per-step states come from stepping the layer's own cell (layer.cell) over the rows.
+Nothing in the model changes: the reading model shares the layers and variables, and model.keras, the
+SavedModel and model.onnx are what they were.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+from keras import layers, ops
+
+from rosetta_common.spec import ModelConfig
+from rosetta_common.taps import taps
+from rosetta_tf import models
+from rosetta_tf.models import model_config
+
+# Tap -> where the Keras model holds it: (layer name, "output" | "input"); "pre": the layer's output without its
+# fused activation; "block": inside the attention block (the block's sublayers, applied to its input);
+# "stepped": the recurrent layer's cell, stepped.
+_RESNET = ["stem.conv", "stem.bn", "stem.relu", "block.shortcut.conv", "block.shortcut.bn", "block.conv1",
+           "block.bn1", "block.relu1", "block.conv2", "block.bn2"]
+SOURCES: dict[str, dict[str, tuple[str, str]]] = {
+    "mlp": {"hidden": ("hidden", "pre"), "hidden.relu": ("hidden", "output"), "logits": ("head", "output")},
+    "cnn": {"conv1": ("conv1", "pre"), "conv1.relu": ("conv1", "output"), "pool": ("pool", "output"),
+            "conv2": ("conv2", "pre"), "conv2.relu": ("conv2", "output"), "logits": ("head", "output")},
+    "attention": {
+        "embed": ("block", "input"),
+        **{name: ("block", "block") for name in (
+            "block.norm1", "block.attn.query", "block.attn.key", "block.attn.value", "block.attn.weights",
+            "block.attn.out", "block.norm2", "block.mlp.fc1", "block.mlp.gelu", "block.mlp.fc2")},
+        "block": ("block", "output"), "final_norm": ("final_norm", "output"), "pool": ("mean_tokens", "output"),
+        "logits": ("head", "output"),
+    },
+    "resnet": {**{name: (name.replace(".", "_"), "output") for name in _RESNET},
+               "block": ("block_relu", "output"), "pool": (models.POOLED, "output"), "logits": ("head", "output")},
+    "lstm": {"lstm.cell": ("lstm", "stepped"), "lstm.hidden": ("lstm", "stepped"), "logits": ("head", "output")},
+    "gru": {"gru.hidden": ("gru", "stepped"), "logits": ("head", "output")},
+}
+
+
+def _without_activation(layer: layers.Layer) -> layers.Layer:
+    """The same layer, same weights, with no activation: the pre-activation of a fused Dense / Conv2D."""
+    twin = type(layer).from_config({**layer.get_config(), "activation": None})
+    twin.build(layer.input.shape)
+    twin.set_weights(layer.get_weights())
+    return twin
+
+
+def _inside_block(block: layers.Layer, x: Any) -> dict[str, Any]:
+    """The attention block's inner taps: its own sublayers applied in EncoderBlock.call's order."""
+    attn = block.attn
+    t: dict[str, Any] = {"block.norm1": block.norm1(x)}
+    for p in ("query", "key", "value"):
+        t[f"block.attn.{p}"] = attn._split(getattr(attn, p)(t["block.norm1"]))
+    scores = ops.matmul(t["block.attn.query"], ops.transpose(t["block.attn.key"], (0, 1, 3, 2)))
+    t["block.attn.weights"] = ops.softmax(scores / math.sqrt(attn.head_dim), axis=-1)
+    t["block.attn.out"] = attn(t["block.norm1"])
+    t["block.norm2"] = block.norm2(x + t["block.attn.out"])
+    t["block.mlp.fc1"] = block.fc1(t["block.norm2"])
+    t["block.mlp.gelu"] = models.gelu_exact(t["block.mlp.fc1"])  # looked up now: the function call uses
+    t["block.mlp.fc2"] = block.fc2(t["block.mlp.gelu"])
+    return t
+
+
+def _stepped(layer: layers.Layer, x: Any) -> dict[str, Any]:
+    """The recurrent layer's hidden (and LSTM cell) state after every step, (B, T, hidden), from its own cell."""
+    zeros = tf.zeros((x.shape[0], layer.units), x.dtype)
+    states = [zeros, zeros] if isinstance(layer, layers.LSTM) else [zeros]
+    hidden, cells = [], []
+    for t in range(x.shape[1]):
+        h, states = layer.cell(x[:, t], states, training=False)
+        hidden.append(h)
+        cells.append(states[-1])
+    out = {f"{layer.name}.hidden": tf.stack(hidden, axis=1)}
+    if isinstance(layer, layers.LSTM):  # the LSTM cell's states are [h, c]
+        out["lstm.cell"] = tf.stack(cells, axis=1)
+    return out
+
+
+def forward_with_taps(model: keras.Model, images: np.ndarray) -> dict[str, np.ndarray]:
+    """Every tap of rosetta_common.taps in the canonical names, order, shapes and layouts, float32, from the
+    model's layers in inference mode (training=False; its `logits` are what predict returns)."""
+    config: ModelConfig = model_config(model)
+    sources = SOURCES[config.arch]
+    x = tf.constant(np.asarray(images, np.float32))
+    nodes = sorted({(name, "input" if kind in ("pre", "block") else kind) for name, kind in sources.values()
+                    if kind != "stepped"})
+    reader = keras.Model(model.inputs, [getattr(model.get_layer(name), kind) for name, kind in nodes])
+    values = reader(x, training=False)
+    values = values if isinstance(values, list | tuple) else [values]  # a one-output model returns a tensor
+    read = dict(zip(nodes, values, strict=True))
+    found: dict[str, Any] = {}
+    if config.arch == "attention":
+        found.update(_inside_block(model.get_layer("block"), read[("block", "input")]))
+    if config.arch in ("lstm", "gru"):
+        found.update(_stepped(model.get_layer(config.arch), x))
+    out = {}
+    for tap in taps(config, len(images)):
+        name, kind = sources[tap.name]
+        if tap.name in found:
+            value = found[tap.name]
+        elif kind == "pre":
+            value = _without_activation(model.get_layer(name))(read[(name, "input")])
+        else:
+            value = read[(name, kind)]
+        out[tap.name] = np.asarray(value, np.float32)
+    return out
