@@ -1,7 +1,7 @@
 """The backend contract: what every framework package provides, in which module, under which name.
 
 As Keras 3 keeps one interface above `backend/{jax,tensorflow,torch}/`, `rosetta_torch`, `rosetta_tf` and
-`rosetta_jax` each have the same five modules with the same functions and signatures:
+`rosetta_jax` each have the same six modules with the same functions and signatures:
 
 - `models.build(config, weights) -> model`: the native model of `config` holding copies of these canonical
   weights, in inference mode;
@@ -27,6 +27,10 @@ As Keras 3 keeps one interface above `backend/{jax,tensorflow,torch}/`, `rosetta
   or unsafe);
 - `export.export_onnx(model, path, example) -> None`: ONNX with the framework's own converter, meeting
   rosetta_common.onnx_conventions;
+- `taps.forward_with_taps(model, images) -> {tap: array}`: every tap of rosetta_common.taps, in its names,
+  order, shapes and layouts (NHWC, heads split, per-step recurrent states), float32, in inference mode, read
+  from the model's own forward with the framework's own mechanism (torch's forward hooks, a Keras model over
+  the layers' outputs, Flax NNX method interception); `logits` is what `predict` returns;
 - `distributed.start_worker(cluster) -> None`: start the framework's own distributed engine as this worker of
   a rosetta_common.distributed.Cluster (one-line DistributedError for an unreachable coordinator or a port in
   use, within the cluster's timeout);
@@ -62,6 +66,7 @@ CONTRACT: dict[str, tuple[str, ...]] = {
     "train": ("configure", "make_optimizer", "apply_optimizer", "train"),
     "export": ("export_native", "load_native", "export_onnx"),
     "distributed": ("start_worker", "train_data_parallel", "stop_worker"),
+    "taps": ("forward_with_taps",),
 }
 
 
