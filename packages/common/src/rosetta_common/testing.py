@@ -7,6 +7,7 @@ import numpy as np
 
 from rosetta_common.data import Dataset
 from rosetta_common.spec import ARCHITECTURES, ModelConfig, Spec, parse_spec
+from rosetta_common.taps import first_divergent
 from rosetta_common.weights import Weights, canonical_shapes, random_weights
 
 ARCHS = ARCHITECTURES
@@ -54,3 +55,20 @@ def swap_blocks(value: np.ndarray, blocks: int, a: int, b: int) -> np.ndarray:
     parts = np.split(value, blocks, axis=-1)
     parts[a], parts[b] = parts[b], parts[a]
     return np.concatenate(parts, axis=-1)
+
+
+# A planted mistake must miss, where it enters, by this many tolerances at least: 10, not the 100 of the logits
+# checks, because the tanh GELU is never more than 4.7e-4 from the exact one (at |x| near 2), 47 tolerances.
+PLANTED_FACTOR = 10
+
+
+def assert_localized(taps: dict[str, np.ndarray], reference: dict[str, np.ndarray], enters: str,
+                     tolerance: float) -> None:
+    """A planted mistake shows first at `enters`: every tap before it within `tolerance` of the reference, and
+    `enters` off by far more (PLANTED_FACTOR tolerances), so the localization is no rounding accident."""
+    first, diffs = first_divergent(taps, reference, tolerance)
+    figures = "; ".join(f"{name}: {d.max_abs:.2e} abs, {d.rel:.1e} rel" for name, d in diffs.items())
+    assert first == enters, f"first divergent tap {first}, the mistake enters at {enters}: {figures}"
+    names = list(diffs)
+    assert all(diffs[name].max_abs <= tolerance for name in names[: names.index(enters)]), figures
+    assert diffs[enters].max_abs > PLANTED_FACTOR * tolerance, figures

@@ -17,7 +17,7 @@ from rosetta_common.metrics import max_abs_diff
 from rosetta_common.reference import forward_with_taps
 from rosetta_common.spec import Spec
 from rosetta_common.taps import first_divergent, taps
-from rosetta_common.testing import asymmetric_weights, small_config, swap_blocks
+from rosetta_common.testing import assert_localized, asymmetric_weights, small_config, swap_blocks
 from rosetta_common.weights import Weights
 
 TOLERANCES = Spec().tolerances
@@ -105,13 +105,12 @@ PLANTED = [
                          ids=[f"{a}-{m}" for a, m, _, _ in PLANTED])
 def test_a_planted_mapping_mistake_is_localized_where_it_enters(backend: ModuleType, arch_name: str, mistake: str,
                                                                 enters: str, plant: Callable[[Weights], None]) -> None:
+    """What a weights.py that made `mistake` would load: the package's taps agree with the reference's up to
+    the tap where the mistake enters, and miss by far there."""
     config = small_config(arch_name, NON_SQUARE)
     weights = asymmetric_weights(config, 34)
     wrong = {name: value.copy() for name, value in weights.items()}
     plant(wrong)
     images = _images()
     got = backend.forward_with_taps(backend.build(config, wrong), images)
-    first, diffs = first_divergent(got, forward_with_taps(config, weights, images), TAP_ABS)
-    assert first == enters, f"{mistake}: first divergent {first}, expected {enters}: {_figures(diffs)}"
-    names = list(diffs)
-    assert all(diffs[name].max_abs <= TAP_ABS for name in names[: names.index(enters)])
+    assert_localized(got, forward_with_taps(config, weights, images), enters, TAP_ABS)
