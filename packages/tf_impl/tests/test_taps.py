@@ -1,0 +1,52 @@
+"""Porting mistakes in the Keras model code, planted, are localized by the taps to the layer where they enter
+(the conformance suite plants the weight-mapping ones in every framework)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+from keras import layers, ops
+
+import rosetta_tf
+from rosetta_common.reference import forward_with_taps
+from rosetta_common.spec import ResNetSpec, Spec
+from rosetta_common.testing import assert_localized, asymmetric_weights, small_config
+from rosetta_tf import models
+
+TAP_ABS = Spec().tolerances.forward_parity_abs  # the conformance suite's bound for every tap
+NON_SQUARE = (7, 10)  # odd height: the stride-2 "same" padding is (1, 1) there, (0, 1) across
+
+
+def _case(arch: str, seed: int) -> tuple:
+    config = small_config(arch, NON_SQUARE)
+    images = np.random.default_rng(seed).random((3, *NON_SQUARE), dtype=np.float32)
+    return config, asymmetric_weights(config, seed), images
+
+
+def test_keras_default_epsilon_enters_at_the_first_batchnorm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keras' BatchNormalization left at its default epsilon (1e-3; the spec's is 1e-5): the stem's conv agrees,
+    its BatchNorm does not."""
+    config, weights, images = _case("resnet", 50)
+    weights = {k: (v * 0.1 if k.endswith("running_var") else v) for k, v in weights.items()}  # eps matters more
+
+    def keras_default(settings: ResNetSpec, name: str) -> layers.BatchNormalization:
+        return layers.BatchNormalization(momentum=settings.batchnorm_momentum, name=name)
+
+    monkeypatch.setattr(models, "batchnorm", keras_default)
+    taps = rosetta_tf.forward_with_taps(rosetta_tf.build(config, weights), images)
+    assert_localized(taps, forward_with_taps(config, weights, images), "stem.bn", TAP_ABS)
+
+
+def test_tanh_gelu_enters_at_the_gelu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """keras.ops.gelu's default, the tanh approximation, where the spec is exact (erf)."""
+    config, weights, images = _case("attention", 51)
+
+    def tanh_gelu(x: Any) -> Any:
+        return 0.5 * x * (1.0 + ops.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+
+    monkeypatch.setattr(models, "gelu_exact", tanh_gelu)
+    taps = rosetta_tf.forward_with_taps(rosetta_tf.build(config, weights), images)
+    assert_localized(taps, forward_with_taps(config, weights, images), "block.mlp.gelu", TAP_ABS)
