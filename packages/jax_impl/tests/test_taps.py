@@ -4,30 +4,22 @@
 from __future__ import annotations
 
 import jax
-import numpy as np
 import pytest
 from flax import nnx
 
 import rosetta_jax
 from rosetta_common.reference import forward_with_taps
 from rosetta_common.spec import Spec
-from rosetta_common.testing import assert_localized, asymmetric_weights, small_config
+from rosetta_common.testing import assert_localized, planted_case
 from rosetta_jax import models
 
 TAP_ABS = Spec().tolerances.forward_parity_abs  # the conformance suite's bound for every tap
-NON_SQUARE = (7, 10)  # odd height: the stride-2 "same" padding is (1, 1) there, (0, 1) across
-
-
-def _case(arch: str, seed: int) -> tuple:
-    config = small_config(arch, NON_SQUARE)
-    images = np.random.default_rng(seed).random((3, *NON_SQUARE), dtype=np.float32)
-    return config, asymmetric_weights(config, seed), images
 
 
 def test_symmetric_padding_enters_at_the_stride_two_conv(monkeypatch: pytest.MonkeyPatch) -> None:
     """torch's padding=1 instead of "SAME": the stem (stride 1) and the 1x1 shortcut pad alike, the stride-2 3x3
     conv does not."""
-    config, weights, images = _case("resnet", 60)
+    config, weights, images = planted_case("resnet", 60)
 
     def torch_padding(in_channels: int, out_channels: int, kernel: int, stride: int, *, rngs: nnx.Rngs) -> nnx.Conv:
         pad = (kernel - 1) // 2
@@ -41,7 +33,7 @@ def test_symmetric_padding_enters_at_the_stride_two_conv(monkeypatch: pytest.Mon
 
 def test_batchnorm_epsilon_enters_at_its_batchnorm() -> None:
     """Keras' default epsilon (1e-3) where the spec says 1e-5, on the second conv's BatchNorm only."""
-    config, weights, images = _case("resnet", 61)
+    config, weights, images = planted_case("resnet", 61)
     weights = {k: (v * 0.1 if k.endswith("running_var") else v) for k, v in weights.items()}  # eps matters more
     model = rosetta_jax.build(config, weights)
     model.block.bn2.epsilon = 1e-3
@@ -51,7 +43,7 @@ def test_batchnorm_epsilon_enters_at_its_batchnorm() -> None:
 
 def test_tanh_gelu_enters_at_the_gelu(monkeypatch: pytest.MonkeyPatch) -> None:
     """nnx.gelu's default, the tanh approximation, where the spec is exact (erf)."""
-    config, weights, images = _case("attention", 62)
+    config, weights, images = planted_case("attention", 62)
     monkeypatch.setattr(models.nnx, "gelu", lambda x, approximate=True: jax.nn.gelu(x, approximate=True))
     taps = rosetta_jax.forward_with_taps(rosetta_jax.build(config, weights), images)
     assert_localized(taps, forward_with_taps(config, weights, images), "block.mlp.gelu", TAP_ABS)

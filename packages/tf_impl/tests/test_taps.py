@@ -6,30 +6,22 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import numpy as np
 import pytest
 from keras import layers, ops
 
 import rosetta_tf
 from rosetta_common.reference import forward_with_taps
 from rosetta_common.spec import ResNetSpec, Spec
-from rosetta_common.testing import assert_localized, asymmetric_weights, small_config
+from rosetta_common.testing import assert_localized, planted_case
 from rosetta_tf import models
 
 TAP_ABS = Spec().tolerances.forward_parity_abs  # the conformance suite's bound for every tap
-NON_SQUARE = (7, 10)  # odd height: the stride-2 "same" padding is (1, 1) there, (0, 1) across
-
-
-def _case(arch: str, seed: int) -> tuple:
-    config = small_config(arch, NON_SQUARE)
-    images = np.random.default_rng(seed).random((3, *NON_SQUARE), dtype=np.float32)
-    return config, asymmetric_weights(config, seed), images
 
 
 def test_keras_default_epsilon_enters_at_the_first_batchnorm(monkeypatch: pytest.MonkeyPatch) -> None:
     """Keras' BatchNormalization left at its default epsilon (1e-3; the spec's is 1e-5): the stem's conv agrees,
     its BatchNorm does not."""
-    config, weights, images = _case("resnet", 50)
+    config, weights, images = planted_case("resnet", 50)
     weights = {k: (v * 0.1 if k.endswith("running_var") else v) for k, v in weights.items()}  # eps matters more
 
     def keras_default(settings: ResNetSpec, name: str) -> layers.BatchNormalization:
@@ -42,7 +34,7 @@ def test_keras_default_epsilon_enters_at_the_first_batchnorm(monkeypatch: pytest
 
 def test_tanh_gelu_enters_at_the_gelu(monkeypatch: pytest.MonkeyPatch) -> None:
     """keras.ops.gelu's default, the tanh approximation, where the spec is exact (erf)."""
-    config, weights, images = _case("attention", 51)
+    config, weights, images = planted_case("attention", 51)
 
     def tanh_gelu(x: Any) -> Any:
         return 0.5 * x * (1.0 + ops.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))

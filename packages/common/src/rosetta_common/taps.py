@@ -90,6 +90,37 @@ def taps(config: ModelConfig, batch: int) -> list[Tap]:
     raise ValueError(f"architecture {arch!r} has no taps")  # ModelConfig admits only the architectures above
 
 
+# Where a model whose submodules carry the canonical names (rosetta_torch's and rosetta_jax's do) holds each tap:
+# (module path, "output" | "input"). A ReLU, a pooling or a GELU written as a function is no module, but its
+# output is the next module's input. The taps no module's input or output holds (the CNN's first ReLU, the
+# attention weights, the LSTM's cell state per step) are missing here: each package says where it finds them.
+MODULE_SOURCES: dict[str, dict[str, tuple[str, str]]] = {
+    "mlp": {"hidden": ("hidden", "output"), "hidden.relu": ("head", "input"), "logits": ("head", "output")},
+    "cnn": {"conv1": ("conv1", "output"), "pool": ("conv2", "input"), "conv2": ("conv2", "output"),
+            "conv2.relu": ("head", "input"), "logits": ("head", "output")},
+    "attention": {
+        "embed": ("block", "input"),
+        **{name: (name, "output") for name in ("block.norm1", "block.attn.query", "block.attn.key",
+                                               "block.attn.value", "block.attn.out", "block.norm2",
+                                               "block.mlp.fc1", "block.mlp.fc2", "block", "final_norm")},
+        "block.mlp.gelu": ("block.mlp.fc2", "input"), "pool": ("head", "input"), "logits": ("head", "output"),
+    },
+    "resnet": {
+        **{name: (name, "output") for name in ("stem.conv", "stem.bn", "block.shortcut.conv", "block.shortcut.bn",
+                                               "block.conv1", "block.bn1", "block.conv2", "block.bn2", "block")},
+        "stem.relu": ("block", "input"), "block.relu1": ("block.conv2", "input"), "pool": ("dropout", "input"),
+        "logits": ("head", "output"),
+    },
+    "lstm": {"lstm.hidden": ("lstm", "output"), "logits": ("head", "output")},
+    "gru": {"gru.hidden": ("gru", "output"), "logits": ("head", "output")},
+}
+
+
+def module_sources(own: Mapping[str, Mapping[str, tuple[str, str]]]) -> dict[str, dict[str, tuple[str, str]]]:
+    """MODULE_SOURCES with a package's own entries (what it finds elsewhere, or where it differs) put over it."""
+    return {arch: {**sources, **own.get(arch, {})} for arch, sources in MODULE_SOURCES.items()}
+
+
 def tap_names(config: ModelConfig) -> list[str]:
     return [tap.name for tap in taps(config, 1)]
 

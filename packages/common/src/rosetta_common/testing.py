@@ -72,3 +72,12 @@ def assert_localized(taps: dict[str, np.ndarray], reference: dict[str, np.ndarra
     names = list(diffs)
     assert all(diffs[name].max_abs <= tolerance for name in names[: names.index(enters)]), figures
     assert diffs[enters].max_abs > PLANTED_FACTOR * tolerance, figures
+
+
+def planted_case(arch: str, seed: int, image_shape: tuple[int, int] = (7, 10),
+                 batch: int = 3) -> tuple[ModelConfig, Weights, np.ndarray]:
+    """A config, asymmetric weights and a few images for planting a mistake: an odd height by default, so that
+    the stride-2 "same" padding is (1, 1) down and (0, 1) across."""
+    config = small_config(arch, image_shape)
+    images = np.random.default_rng(seed).random((batch, *image_shape), dtype=np.float32)
+    return config, asymmetric_weights(config, seed), images

@@ -24,35 +24,18 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from rosetta_common.spec import ModelConfig
-from rosetta_common.taps import Tap, taps
+from rosetta_common.taps import Tap, module_sources, taps
 from rosetta_torch.models import model_device
 
 # Tap -> where torch's forward holds it: (module path, "output" | "input" | the name of a torch function called in
-# that module's own forward, first call). Module paths are the canonical names (models.py); "" is the model.
-SOURCES: dict[str, dict[str, tuple[str, str]]] = {
-    "mlp": {"hidden": ("hidden", "output"), "hidden.relu": ("head", "input"), "logits": ("head", "output")},
-    "cnn": {"conv1": ("conv1", "output"), "conv1.relu": ("", "relu"), "pool": ("conv2", "input"),
-            "conv2": ("conv2", "output"), "conv2.relu": ("head", "input"), "logits": ("head", "output")},
-    "attention": {
-        "embed": ("block", "input"), "block.norm1": ("block.norm1", "output"),
-        "block.attn.query": ("block.attn.query", "output"), "block.attn.key": ("block.attn.key", "output"),
-        "block.attn.value": ("block.attn.value", "output"), "block.attn.weights": ("block.attn", "softmax"),
-        "block.attn.out": ("block.attn.out", "output"), "block.norm2": ("block.norm2", "output"),
-        "block.mlp.fc1": ("block.mlp.fc1", "output"), "block.mlp.gelu": ("block.mlp.fc2", "input"),
-        "block.mlp.fc2": ("block.mlp.fc2", "output"), "block": ("block", "output"),
-        "final_norm": ("final_norm", "output"), "pool": ("head", "input"), "logits": ("head", "output"),
-    },
-    "resnet": {
-        "stem.conv": ("stem.conv", "output"), "stem.bn": ("stem.bn", "output"), "stem.relu": ("block", "input"),
-        "block.shortcut.conv": ("block.shortcut.conv", "output"),
-        "block.shortcut.bn": ("block.shortcut.bn", "output"), "block.conv1": ("block.conv1", "output"),
-        "block.bn1": ("block.bn1", "output"), "block.relu1": ("block.pad2", "input"),
-        "block.conv2": ("block.conv2", "output"), "block.bn2": ("block.bn2", "output"),
-        "block": ("block", "output"), "pool": ("dropout", "input"), "logits": ("head", "output"),
-    },
-    "lstm": {"lstm.cell": ("lstm", "stepped"), "lstm.hidden": ("lstm", "output"), "logits": ("head", "output")},
-    "gru": {"gru.hidden": ("gru", "output"), "logits": ("head", "output")},
-}
+# that module's own forward, first call); rosetta_common.taps.MODULE_SOURCES with torch's own entries. "" is the
+# model; torch pads with a module of its own (nn.ZeroPad2d), so block.conv2's input is padded: relu1 is pad2's.
+SOURCES = module_sources({
+    "cnn": {"conv1.relu": ("", "relu")},
+    "attention": {"block.attn.weights": ("block.attn", "softmax")},
+    "resnet": {"block.relu1": ("block.pad2", "input")},
+    "lstm": {"lstm.cell": ("lstm", "stepped")},
+})
 
 
 class _FunctionRecorder(TorchFunctionMode):
