@@ -68,6 +68,15 @@ def native_outputs(model: str, framework: str) -> Path:
     return run_dir(model, framework) / "native_outputs.npz"
 
 
+# A run folder's taps (rosetta_common.taps) of the validation batch: "init/<tap>" and "trained/<tap>".
+TAPS_FILE = "taps.npz"
+TAP_KINDS = ("init", "trained")
+
+
+def taps(model: str, framework: str) -> Path:
+    return run_dir(model, framework) / TAPS_FILE
+
+
 # native_outputs.npz also holds, per native format as reloaded, the logits an inference-mode check needs (the
 # validator has no framework to run them): two runs on the validation batch, and its first images each alone.
 NATIVE_ALONE = 8  # images predicted alone (rosetta_common.metrics.inference_mode_problems looks at the first 4)

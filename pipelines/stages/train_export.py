@@ -98,6 +98,16 @@ def export(backend: ModuleType, job: Job, model: Any, batch: np.ndarray, out: Pa
                      "onnx_export_seconds": time.perf_counter() - started}
 
 
+def record_taps(backend: ModuleType, model: Any, initial: Any, batch: np.ndarray, out: Path) -> None:
+    """Every tap (rosetta_common.taps) of the validation batch, for the initial and the trained weights: the
+    validator has no framework, so it localizes a failing forward or lockstep check from these. Written before
+    export.json, which hashes it with the run's other files."""
+    arrays = {f"{kind}/{name}": value for kind, source in (("init", initial), ("trained", model))
+              for name, value in backend.forward_with_taps(source, batch).items()}
+    with open(out / paths.TAPS_FILE, "wb") as f:
+        np.savez(f, **arrays)
+
+
 def record_outputs(backend: ModuleType, job: Job, model: Any, initial: Any, data: Dataset, batch: np.ndarray,
                    out: Path) -> None:
     """The framework's own logits, each reloaded native format's (round trip, and its inference-mode record: the
@@ -168,6 +178,8 @@ def run_model(backend: ModuleType, spec: Spec, job: Job, data: Dataset, clock: m
         with clock.phase(f"{arch}.replicates"):
             train_replicates(backend, spec, job, data, out, where)
         initial, exported = export(backend, job, model, batch, out, clock)
+        with clock.phase(f"{arch}.taps"):
+            record_taps(backend, model, initial, batch, out)
         with clock.phase(f"{arch}.outputs"):
             record_outputs(backend, job, model, initial, data, batch, out)
     figures = json.loads(paths.metrics(arch, fw).read_text())
