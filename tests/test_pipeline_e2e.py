@@ -33,6 +33,7 @@ RUN_FILES = {
     "model.onnx",
     "init.onnx",
     "native_outputs.npz",
+    "taps.npz",
     "export.json",
 }
 METRICS_KEYS = {"test_accuracy", "test_loss", "final_train_loss", "parameters", "epochs", "optimizer"}
@@ -62,6 +63,7 @@ def test_validation_report_passes_with_every_check(tiny_pipeline: TinyRun) -> No
                 "onnx_test_accuracy_equals_native",
                 "init_onnx_vs_native",
                 "init_onnx_vs_reference",
+                "init_taps_vs_reference",
                 "min_test_accuracy",
             ):
                 assert (m, f, check) in checks

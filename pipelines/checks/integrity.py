@@ -10,7 +10,8 @@ from pipelines import paths
 from pipelines.checks.ledger import ARTIFACTS_INTACT, Ledger
 from rosetta_common.io import read_json, sha256
 
-REQUIRED = ("trained.safetensors", "train_log.json", "native_outputs.npz", "model.onnx", "init.onnx", "export.json")
+REQUIRED = ("trained.safetensors", "train_log.json", "native_outputs.npz", paths.TAPS_FILE, "model.onnx", "init.onnx",
+            "export.json")
 
 
 def intact(ledger: Ledger, arch: str, fw: str) -> dict[str, Any] | None:
@@ -36,7 +37,7 @@ def intact(ledger: Ledger, arch: str, fw: str) -> dict[str, Any] | None:
                 problems.append(f"{path}: missing (export.json recorded it)")
             elif sha256(path) != digest:
                 problems.append(f"{path}: altered since export (sha256 differs from export.json's)")
-        for name in ("trained.safetensors", "native_outputs.npz", "model.onnx", "init.onnx"):
+        for name in ("trained.safetensors", "native_outputs.npz", paths.TAPS_FILE, "model.onnx", "init.onnx"):
             if name not in recorded:
                 problems.append(f"{run / 'export.json'}: records no sha256 for {name}")
     ledger.add(arch, fw, ARTIFACTS_INTACT, float(len(problems)), 0.0, not problems, "; ".join(problems[:3]))

@@ -26,6 +26,9 @@ INFERENCE_MODE_PREFIX = "inference_mode_"  # + "onnx_model", "onnx_init", "nativ
 # One model's forward pass (pipelines/checks/parity.py).
 INIT_ONNX_VS_REFERENCE = "init_onnx_vs_reference"
 FORWARD_PARITY_INIT_ONNX = "forward_parity_init_onnx"
+# One framework's per-layer taps of the init forward against the float64 reference (pipelines/checks/taps.py).
+INIT_TAPS_VS_REFERENCE = "init_taps_vs_reference"
+TAPS_READABLE = "taps_readable"
 # Pairs of frameworks' trained runs (parity.py).
 TRAINING_RECORD_READABLE = "training_record_readable"
 TRAIN_STEP1_LOSS_REL = "train_step1_loss_rel"

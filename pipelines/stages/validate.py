@@ -13,6 +13,9 @@ Checks, each with an explicit tolerance from params.yaml:
   and for a model with BatchNorm its running mean and variance) within the float32 bound, or once the runs part
   against the measured null of each framework's one-ulp replicates (pipelines/checks/replicates.py, Holm over
   the run); the step where they part, the first epoch's losses and the final weight difference as figures;
+- per model, per-layer taps (pipelines/checks/taps.py): every framework's init taps against the float64
+  reference's (init_taps_vs_reference), taps pairwise and after training as figures, and every failing forward,
+  ONNX-vs-native and lockstep check naming the first tap over its tolerance;
 - with data_parallel.workers > 1: each framework's data-parallel run against its single-process run and the
   data-parallel runs pairwise.
 The checks live in pipelines/checks/ (one module per kind); this is the stage's entry point. Writes
@@ -32,10 +35,12 @@ from pipelines.checks.integrity import intact
 from pipelines.checks.ledger import ARTIFACTS_READABLE, Ledger
 from pipelines.checks.parity import running_statistics, training_parity
 from pipelines.checks.replicates import read_replicates, replicate_figures
+from pipelines.checks.taps import localize, tap_figures, taps_record
 from pipelines.stages import IMPORTS_STARTED, stage_main
 from rosetta_common.data import load_prepared
 from rosetta_common.io import write_json
 from rosetta_common.spec import ModelConfig, load_spec
+from rosetta_common.weights import load_weights
 
 
 def main(argv: list[str]) -> int:
@@ -47,6 +52,7 @@ def main(argv: list[str]) -> int:
     ledger = Ledger()
     parity: list[dict[str, Any]] = []
     statistics: list[dict[str, Any]] = []
+    tap_records: list[dict[str, Any]] = []
     measured: list[dict[str, Any]] = []  # test figures this stage computed from each run's artifacts
     judged: set[tuple[str, str]] = set()  # (model, framework) runs whose files are the ones their figures came from
     for arch in spec.models:
@@ -72,6 +78,11 @@ def main(argv: list[str]) -> int:
         parity += figures
         parting = {f["frameworks"]: f["parting_step"] for f in figures}
         statistics += running_statistics(spec, ledger, arch, trained, runs, parting)
+        # Last: every check the taps explain is in the ledger, so each failing one can name its first tap.
+        taps = tap_figures(ledger, arch, config, list(runs), batch, load_weights(paths.init_weights(arch), config),
+                           trained, spec.tolerances.forward_parity_abs)
+        localize(ledger, arch, taps)
+        tap_records.append(taps_record(arch, taps))
         clock.lap(arch)
     data_parallel = data_parallel_parity(spec, ledger, data, judged)
     clock.lap("data_parallel")
@@ -82,6 +93,7 @@ def main(argv: list[str]) -> int:
         "checks": ledger.rows(),
         "training_parity": parity,
         "running_statistics": statistics,
+        "taps": tap_records,
         "runs": measured,
         "data_parallel": data_parallel,
         "summary": {"checks": len(ledger.checks), "failed": len(failures)},
