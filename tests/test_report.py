@@ -26,6 +26,7 @@ from pipelines.report.sources import extract
 from pipelines.stages.report import build, main
 from report_fixtures import (
     FAILING,
+    FAILING_TAP,
     FRAMEWORKS,
     MODELS,
     NEW_MODELS,
@@ -38,7 +39,7 @@ from report_fixtures import (
     make_measurements,
 )
 
-SECTIONS = ["verdict", "runs", "loss", "parity", "onnx", "measurements", "sources", "environment", "checks"]
+SECTIONS = ["verdict", "runs", "loss", "parity", "taps", "onnx", "measurements", "sources", "environment", "checks"]
 ABSENT = "No measurements here: measurements/timings.js is absent."
 # What dvc.yaml should declare for the report (the stage, and the top-level metrics and plots over its outputs
 # and over measurements/): test_dvc_yaml_declares_the_report_as_proposed holds the repository's file to it.
@@ -137,6 +138,30 @@ def test_failing_check_is_named_in_the_verdict_with_how_much(failing: Path) -> N
     assert summaries["mlp"]["passed"] is True
 
 
+def test_failing_forward_check_links_to_the_taps_figure_that_shows_where_it_parts(failing: Path,
+                                                                                passing: Path) -> None:
+    html = (failing / "report.html").read_text()
+    verdict_html = html[html.index('id="verdict"') : html.index('id="runs"')]
+    anchor = f"#taps-{FAILING['model']}"
+    assert f'<a href="{anchor}">{FAILING["check"]}</a>' in verdict_html  # the failed check links to the figure
+    assert f'id="{anchor[1:]}"' in html
+    figure = html[html.index(f'id="{anchor[1:]}"'):]
+    assert figure.index('alt="cnn max abs error along the taps"') < figure.index("<h3")  # under its heading
+    md = (failing / "report.md").read_text()
+    verdict = md.split("## Models")[0]
+    row = next(line for line in verdict.splitlines() if FAILING["check"] in line)
+    assert f"(report.html{anchor})" in row  # Markdown has no figures: it links report.html's
+    taps = md.split("## Per-layer taps")[1].split("\n## ")[0]
+    cnn = taps.split("**cnn: where the forwards part**")[1].split("\n\n**")[0]
+    escaped = FAILING["framework"].replace("|", "\\|")  # as Markdown cells escape a pair's pipe
+    pair = next(line for line in cnn.splitlines() if line.startswith(f"| {escaped} |"))
+    assert f"`{FAILING_TAP}`" in pair  # the failing pair's first divergent init tap
+    clean = next(line for line in cnn.splitlines() if line.startswith("| torch vs reference |"))
+    assert clean.split(" | ")[1] == "none"
+    # A passing run links nothing: a link marks a failure the taps explain.
+    assert '<a href="#taps-' not in (passing / "report.html").read_text()
+
+
 def dvc_flatten(data: dict, prefix: str = "") -> set[str]:
     """The columns `dvc metrics show` prints for one file: one per leaf, nested keys joined by '.'; lists are
     dropped."""
@@ -183,8 +208,10 @@ def test_report_has_every_section_and_figure(passing: Path) -> None:
     html = (passing / "report.html").read_text()
     for section in SECTIONS:
         assert f'id="{section}"' in html and f'href="#{section}"' in html
-    # Figures: per model loss curves, parity heat map and op histogram; all inline PNG. No latency chart.
-    assert len(re.findall(r'<img src="data:image/png;base64,', html)) == 3 * len(MODELS)
+    # Figures: per model loss curves, parity heat map, taps and op histogram; all inline PNG. No latency chart.
+    assert len(re.findall(r'<img src="data:image/png;base64,', html)) == 4 * len(MODELS)
+    for model in MODELS:
+        assert f'id="taps-{model}"' in html and f'alt="{model} max abs error along the taps"' in html
     assert "<link" not in html and not re.search(r'(src|href)="(https?:)?//', html)
     # One script file, the measurements (relative to the page), and one inline script, allowed by its hash.
     assert re.findall(r'<script src="([^"]*)"', html) == [MEASUREMENTS_JS] == ["../../measurements/timings.js"]
@@ -393,7 +420,7 @@ def test_html_renders_offline_in_headless_chromium(failing: Path, tmp_path: Path
     assert page["title"] == "Rosetta: artifact comparison report"
     # No console error, uncaught exception or failed load, but the absent measurements file's.
     assert [e for e in page["errors"] if not _timings_js_missing(e)] == [], page["errors"]
-    assert len(page["images"]) == 3 * len(MODELS)
+    assert len(page["images"]) == 4 * len(MODELS)  # loss curves, parity heat map, taps, op histogram
     assert all(img["complete"] and img["width"] > 0 for img in page["images"]), page["images"]
     # Only the file itself, its inline images and the measurements script: the report opens with no network.
     assert page["requests"] and all(url.startswith(("file://", "data:")) for url in page["requests"]), page["requests"]

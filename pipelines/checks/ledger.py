@@ -38,6 +38,10 @@ TEST_ACCURACY_POINTS = "test_accuracy_points"
 PREDICTION_DISAGREEMENT = "prediction_disagreement"
 REPLICATES_READABLE = "replicates_readable"  # the one-ulp replicates of a run (pipelines/checks/replicates.py)
 RUNNING_STATISTICS = ("running_mean", "running_var")  # BatchNorm's, each judged as "<statistic>_rel"
+# The checks whose failure names, in its detail, the first tap over its tolerance (pipelines/checks/taps.py
+# localize), and which the report links to its per-layer taps figure.
+TAP_LOCALIZED = (INIT_ONNX_VS_REFERENCE, FORWARD_PARITY_INIT_ONNX, ONNX_VS_NATIVE, INIT_ONNX_VS_NATIVE,
+                 TRAIN_STEP1_LOSS_REL, TRAIN_LOCKSTEP_LOSS_REL, INIT_TAPS_VS_REFERENCE)
 # Data-parallel runs (pipelines/checks/data_parallel.py).
 DP_RUN_READABLE = "dp_run_readable"
 DP_STEP1_LOSS_REL = "dp_step1_loss_rel"

@@ -77,6 +77,20 @@ def check_rows(inputs: Inputs, model: str) -> list[dict[str, Any]]:
     return [r for r in (inputs.validation or {}).get("checks", []) if r.get("model") == model]
 
 
+def taps(inputs: Inputs, model: str) -> dict[str, Any] | None:
+    """The model's per-layer taps figures from reports/validation.json's "taps" (pipelines/checks/taps.py
+    taps_record), or None where the validate stage recorded none."""
+    for record in (inputs.validation or {}).get("taps", []):
+        if isinstance(record, dict) and record.get("model") == model:
+            return record
+    return None
+
+
+def tap_anchor(model: str) -> str:
+    """The report's anchor of a model's per-layer taps figure (its heading in the "taps" section)."""
+    return f"#taps-{model}"
+
+
 @dataclass
 class ParityMatrix:
     labels: list[str]

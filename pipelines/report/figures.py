@@ -211,3 +211,45 @@ def replicates(model: str, runs: Sequence[Mapping[str, Any]]) -> str | None:
         ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     return data_uri(fig)
+
+
+PAIR_COLORS = ["#6f42c1", "#d4a72c", "#0a7f8c"]  # as running_statistics draws its pairs
+
+
+@stable
+def taps_along(model: str, record: Mapping[str, Any] | None, tolerance: float) -> str | None:
+    """Max abs error along the taps (x: the taps in the order the forward computes them; y: log scale): each
+    framework against the float64 reference (solid, its colour) and each pair (dashed), for the init weights
+    (judged at `tolerance`, the red line) and the trained ones (figures only). A ring marks each comparison's
+    first tap over the tolerance; a tap that agrees bitwise is drawn at the floor."""
+    if not record or not record.get("init", {}).get("vs_reference"):
+        return None
+    fig = Figure(figsize=(11, 3.9))
+    axes = fig.subplots(1, 2, sharey=True)
+    values = [t["max_abs"] for kind in ("init", "trained") for side in ("vs_reference", "pairs")
+              for c in record.get(kind, {}).get(side, {}).values() for t in c["taps"]]
+    positive = [v for v in values if v is not None and v > 0]
+    floor = min([tolerance * 1e-4, *positive])
+    top = max([tolerance * 10, *positive])
+    for ax, kind in zip(axes, ("init", "trained"), strict=True):
+        comparisons = record.get(kind, {})
+        names: list[str] = []
+        lines = [(f"{fw} vs reference", c, color(fw), "-") for fw, c in comparisons.get("vs_reference", {}).items()]
+        pairs = comparisons.get("pairs", {}).items()
+        lines += [(pair, c, PAIR_COLORS[k % 3], "--") for k, (pair, c) in enumerate(pairs)]
+        for label, c, shade, style in lines:
+            names = [t["tap"] for t in c["taps"]]
+            # a non-finite figure (null) is drawn at the top: it is the worst there can be
+            shown = [top if t["max_abs"] is None else max(t["max_abs"], floor) for t in c["taps"]]
+            ax.plot(range(len(shown)), shown, style, marker=".", color=shade, lw=1.4, label=label)
+            if c.get("first_divergent") in names:
+                at = names.index(c["first_divergent"])
+                ax.plot([at], [shown[at]], "o", ms=10, mfc="none", mec=shade, mew=1.6)
+        ax.axhline(tolerance, color="red", lw=1.2, label=f"tolerance {tolerance:.0e}")
+        ax.set_xticks(range(len(names)), names, rotation=60, ha="right", fontsize=7)
+        title = "init (judged)" if kind == "init" else "trained (figures; each vs the reference on its own weights)"
+        ax.set(yscale="log", ylim=(floor / 2, top * 2), title=f"{model}: {title}", ylabel="max |diff|")
+        ax.grid(alpha=0.3, which="both")
+    axes[0].legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    return data_uri(fig)

@@ -58,6 +58,8 @@ def md_table_cell(cell: tables.Cell) -> str:
     shown = "; ".join(f"`{v}`" if cell.mono and v else v for v in values)
     if cell.header or cell.failed:
         shown = f"**{shown}**"
+    if cell.link:  # the figure is report.html's alone
+        shown = f"[{shown}](report.html{cell.link})"
     if cell.sub:
         shown += f" ({cell.sub})"
     return md_cell(shown)
@@ -151,6 +153,22 @@ def sections(inputs: Inputs, variant: str) -> list[Section]:
             ],
         ),
         Section(
+            "taps",
+            "Per-layer taps",
+            "Where two forwards part: every canonical tap (rosetta_common.taps) of the validation batch, as each "
+            "framework's native model computed it (train_export's taps.npz), against the float64 reference on the "
+            "same weights and pair by pair, in the order the forward computes them. A mistake shows first at the "
+            "tap where it enters. Init taps are judged (init_taps_vs_reference, and they name the first divergent "
+            "tap of every failing forward, ONNX-vs-native and lockstep check); trained taps are figures.",
+            [
+                Group(m, _present(tables.taps(inputs, m)),
+                      _figure(figures.taps_along(m, analysis.taps(inputs, m),
+                                                 inputs.spec.tolerances.forward_parity_abs),
+                              f"{m} max abs error along the taps"))
+                for m in models
+            ],
+        ),
+        Section(
             "data_parallel",
             "Data-parallel training",
             "train_dp@<framework>: the same training on data_parallel.workers workers of each framework's own "
@@ -220,7 +238,7 @@ def context(inputs: Inputs, variant: str = "cpu") -> dict[str, Any]:
     return {
         "title": "Rosetta: artifact comparison report",
         "verdict": judged,
-        "failures": tables.failures(judged),
+        "failures": tables.failures(judged, {m for m in inputs.models if analysis.taps(inputs, m) is not None}),
         "frameworks": inputs.frameworks,
         "sections": sections(inputs, variant),
         "sources": {m: [extract(inputs.root, fw, m) for fw in inputs.frameworks] for m in inputs.models},

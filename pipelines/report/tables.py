@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipelines.checks import ledger
 from pipelines.report import analysis
 from pipelines.report.collect import Inputs
 from pipelines.report.environment import EnvironmentRow
@@ -47,6 +48,7 @@ class Cell:
     mono: bool = False  # code: names of checks, files, ops
     header: bool = False  # a row label (the parity matrix's first column)
     failed: bool = False  # shown as a failure (red in HTML; the text carries the mark for Markdown)
+    link: str = ""  # an anchor of report.html the cell links to ("#taps-cnn"): the figure that explains it
 
 
 @dataclass
@@ -90,13 +92,21 @@ def _columns(*labels: str, left: tuple[int, ...] = (0,)) -> list[Column]:
     return [Column(label, i in left) for i, label in enumerate(labels)]
 
 
-def failures(verdict: analysis.Verdict) -> Table:
+def tap_link(model: str, check: str, tapped: set[str]) -> str:
+    """The anchor of the per-layer taps figure a failed check links to ("" where the taps do not explain it)."""
+    return analysis.tap_anchor(model) if check in ledger.TAP_LOCALIZED and model in tapped else ""
+
+
+def failures(verdict: analysis.Verdict, tapped: set[str] | None = None) -> Table:
+    """Every failed check; one the per-layer taps explain links to its model's taps figure (`tapped`: the models
+    that have one)."""
+    tapped = tapped or set()
     rows = [
         Row(
             [
                 text(f.model),
                 text(f.framework),
-                text(f.check, mono=True),
+                text(f.check, mono=True, link=tap_link(f.model, f.check, tapped)),
                 cell(f.value, "sci"),
                 cell(f.tolerance),
                 text(f.by),
@@ -308,11 +318,13 @@ def environments(rows: list[EnvironmentRow]) -> Table:
 
 def checks(inputs: Inputs, model: str) -> Table:
     found = analysis.check_rows(inputs, model)
+    tapped = {model} if analysis.taps(inputs, model) is not None else set()
     rows = [
         Row(
             [
                 text(r["framework"]),
-                text(r["check"], mono=True),
+                text(r["check"], mono=True,
+                     link="" if r.get("passed") else tap_link(model, r["check"], tapped)),
                 cell(r.get("value"), "sci"),
                 cell(r.get("tolerance")),
                 text("yes" if r.get("passed") else "NO", failed=not r.get("passed")),
@@ -325,3 +337,32 @@ def checks(inputs: Inputs, model: str) -> Table:
     failed = sum(not r.get("passed") for r in found)
     columns = _columns("framework(s)", "check", "value", "tolerance", "passed", "detail", left=(0, 1, 4, 5))
     return Table(f"{model}: {len(found)} checks, {failed} failed", columns, rows, empty="No checks.", collapsed=True)
+
+
+def taps(inputs: Inputs, model: str) -> Table | None:
+    """Per comparison (each framework against the float64 reference, each pair), the first tap over the forward
+    tolerance and the worst tap, for the init and the trained weights (None: no taps recorded for the model)."""
+    record = analysis.taps(inputs, model)
+    if record is None:
+        return None
+    rows = []
+    for side, label in (("vs_reference", "{} vs reference"), ("pairs", "{}")):
+        for who in record["init"][side]:
+            cells = [text(label.format(who))]
+            for kind in ("init", "trained"):
+                found = record.get(kind, {}).get(side, {}).get(who)
+                if found is None:
+                    cells += [text(MISSING), text(MISSING)]
+                    continue
+                worst = max(found["taps"], key=lambda t: math.inf if t["max_abs"] is None else t["max_abs"])
+                cells += [text(found["first_divergent"] or "none", mono=bool(found["first_divergent"]),
+                               failed=kind == "init" and found["first_divergent"] is not None),
+                          Cell(fmt(worst["max_abs"], "sci"), sub=worst["tap"])]
+            rows.append(Row(cells))
+    tolerance = inputs.spec.tolerances.forward_parity_abs
+    columns = _columns("comparison", "init: first tap over tolerance", "init: worst max abs",
+                       "trained: first tap over tolerance", "trained: worst max abs", left=(0, 1, 3))
+    return Table(f"{model}: where the forwards part", columns, rows,
+                 note=f"Tolerance {tolerance:.0e} (tolerances.forward_parity_abs) for every tap. Trained taps are "
+                      "figures only: each framework against the reference on its own trained weights, and pairwise "
+                      "(trained runs part once they leave lockstep).")
