@@ -181,7 +181,8 @@ def native_logits(model: str, framework: str, check: str, array: str) -> Perturb
 
 def reference_weights(model: str) -> Perturb:
     """init.safetensors' head bias moves, so the float64 reference's logits all move by the offset; the
-    exported init.onnx files do not, so every framework's init_onnx_vs_reference row moves."""
+    exported init.onnx files and the recorded taps do not, so every framework's init_onnx_vs_reference and
+    init_taps_vs_reference rows move."""
 
     def perturb(ws: Workspace, side: Side) -> list[Key]:
         rows = ws.rows(model, "init_onnx_vs_reference")
@@ -193,7 +194,8 @@ def reference_weights(model: str) -> Perturb:
         tensors = load_file(str(path))
         tensors["head.bias"] = tensors["head.bias"] + np.float32(shift(side, *worst(rows)))
         ws.write(rel, save_safetensors(tensors, metadata=metadata))
-        return [key(r) for r in rows]
+        # the reference's logits tap moves with them: each framework's init taps against the reference move too
+        return [key(r) for r in rows + ws.rows(model, "init_taps_vs_reference")]
 
     return perturb
 
