@@ -1,6 +1,6 @@
 """Stage `train_export@<framework>`: one process of that framework's environment trains every model of
-params.yaml's `models` from its shared init, exports each (native formats, ONNX, the framework's own logits) and
-measures its latency.
+params.yaml's `models` from its shared init, exports each (native formats, ONNX, the framework's own logits),
+records every per-layer tap of the validation batch (taps.npz, init and trained) and measures its latency.
 
     python -m pipelines.stages.train_export <framework> [<model> ...]   (no model: every model in params.yaml)
 
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +40,7 @@ from pipelines.stages.common import (
 )
 from rosetta_common.data import Dataset, load_prepared
 from rosetta_common.interface import TrainResult
-from rosetta_common.io import sha256, staged_outputs, write_json
+from rosetta_common.io import read_json, sha256, staged_outputs, write_json
 from rosetta_common.metrics import accuracy, max_abs_diff, softmax_cross_entropy
 from rosetta_common.spec import Spec
 from rosetta_common.weights import is_statistic, perturbed
@@ -98,16 +99,6 @@ def export(backend: ModuleType, job: Job, model: Any, batch: np.ndarray, out: Pa
                      "onnx_export_seconds": time.perf_counter() - started}
 
 
-def record_taps(backend: ModuleType, model: Any, initial: Any, batch: np.ndarray, out: Path) -> None:
-    """Every tap (rosetta_common.taps) of the validation batch, for the initial and the trained weights: the
-    validator has no framework, so it localizes a failing forward or lockstep check from these. Written before
-    export.json, which hashes it with the run's other files."""
-    arrays = {f"{kind}/{name}": value for kind, source in (("init", initial), ("trained", model))
-              for name, value in backend.forward_with_taps(source, batch).items()}
-    with open(out / paths.TAPS_FILE, "wb") as f:
-        np.savez(f, **arrays)
-
-
 def record_outputs(backend: ModuleType, job: Job, model: Any, initial: Any, data: Dataset, batch: np.ndarray,
                    out: Path) -> None:
     """The framework's own logits, each reloaded native format's (round trip, and its inference-mode record: the
@@ -132,11 +123,39 @@ def record_outputs(backend: ModuleType, job: Job, model: Any, initial: Any, data
         "framework": backend.FRAMEWORK,
         "model": job.arch,
         "native_roundtrip_max_abs": roundtrip,
-        "sha256": {str(p.relative_to(out)): sha256(p) for p in sorted(out.rglob("*"))
-                   if p.is_file() and not paths.unhashed(p.relative_to(out))},
+        "sha256": file_hashes(out),
         "versions": installed_versions([*ENVIRONMENTS[backend.FRAMEWORK].distributions, "onnx", "onnxruntime",
                                         "numpy"]),
     })
+
+
+def file_hashes(out: Path) -> dict[str, str]:
+    """The sha256 of every file of a run folder (relative path -> digest, sorted), as export.json records them."""
+    return {str(p.relative_to(out)): sha256(p) for p in sorted(out.rglob("*"))
+            if p.is_file() and not paths.unhashed(p.relative_to(out))}
+
+
+def record_taps(backend: ModuleType, run: Trained, batch: np.ndarray, clock: measurements.StageClock) -> None:
+    """Every tap (rosetta_common.taps) of the validation batch for the initial and the trained weights, added
+    to the published run folder as taps.npz (np.savez) and hashed in its export.json, the folder republished
+    whole: the validator has no framework, so it localizes a failing forward or lockstep check from these.
+
+    Taken after every model is exported, as latency is (measure_model): reading taps makes TF build graphs, and
+    every graph advances the process-wide counter that names the functions TF traces later, so taken in between
+    it changed the next models' SavedModel and ONNX bytes (measured). Here nothing is exported after them."""
+    fw, arch = backend.FRAMEWORK, run.job.arch
+    with clock.phase(f"{arch}.taps"):
+        initial = backend.build(run.job.config, run.job.init)
+        arrays = {f"{kind}/{name}": value for kind, model in (("init", initial), ("trained", run.model))
+                  for name, value in backend.forward_with_taps(model, batch).items()}
+    published = paths.run_dir(arch, fw)
+    with staged_outputs(published) as out:
+        shutil.copytree(published, out, symlinks=True, dirs_exist_ok=True)
+        with open(out / paths.TAPS_FILE, "wb") as f:
+            np.savez(f, **arrays)
+        record = read_json(out / "export.json")
+        record["sha256"] = file_hashes(out)  # in place: export.json as one pass that wrote taps.npz would have
+        write_json(out / "export.json", record)
 
 
 def measure_latency(backend: ModuleType, model: Any, onnx_path: Path, images: np.ndarray) -> dict[str, Any]:
@@ -178,8 +197,6 @@ def run_model(backend: ModuleType, spec: Spec, job: Job, data: Dataset, clock: m
         with clock.phase(f"{arch}.replicates"):
             train_replicates(backend, spec, job, data, out, where)
         initial, exported = export(backend, job, model, batch, out, clock)
-        with clock.phase(f"{arch}.taps"):
-            record_taps(backend, model, initial, batch, out)
         with clock.phase(f"{arch}.outputs"):
             record_outputs(backend, job, model, initial, data, batch, out)
     figures = json.loads(paths.metrics(arch, fw).read_text())
@@ -221,6 +238,9 @@ def main(argv: list[str]) -> int:
     backend = seeded_backend(fw, spec.seed)
     clock.lap("framework_import")
     runs = [run_model(backend, spec, job, data, clock) for job in jobs]
+    batch = data.validation_batch(spec.export.validation_batch_size)
+    for run in runs:
+        record_taps(backend, run, batch, clock)
     for run in runs:
         measure_model(backend, run, data, clock)
     measurements.write_stage(clock.record(models=models))
