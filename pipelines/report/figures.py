@@ -247,7 +247,7 @@ def taps_along(model: str, record: Mapping[str, Any] | None, tolerance: float) -
                 ax.plot([at], [shown[at]], "o", ms=10, mfc="none", mec=shade, mew=1.6)
         ax.axhline(tolerance, color="red", lw=1.2, label=f"tolerance {tolerance:.0e}")
         ax.set_xticks(range(len(names)), names, rotation=60, ha="right", fontsize=7)
-        title = "init (judged)" if kind == "init" else "trained (figures; each vs the reference on its own weights)"
+        title = "init (judged)" if kind == "init" else "trained (figures only)"
         ax.set(yscale="log", ylim=(floor / 2, top * 2), title=f"{model}: {title}", ylabel="max |diff|")
         ax.grid(alpha=0.3, which="both")
     axes[0].legend(fontsize=7, loc="upper left")
