@@ -130,9 +130,10 @@ def record_outputs(backend: ModuleType, job: Job, model: Any, initial: Any, data
 
 
 def file_hashes(out: Path) -> dict[str, str]:
-    """The sha256 of every file of a run folder (relative path -> digest, sorted), as export.json records them."""
+    """The sha256 of every file of a run folder but export.json itself (relative path -> digest, sorted), as
+    export.json records them."""
     return {str(p.relative_to(out)): sha256(p) for p in sorted(out.rglob("*"))
-            if p.is_file() and not paths.unhashed(p.relative_to(out))}
+            if p.is_file() and p.relative_to(out) != Path("export.json") and not paths.unhashed(p.relative_to(out))}
 
 
 def record_taps(backend: ModuleType, run: Trained, batch: np.ndarray, clock: measurements.StageClock) -> None:
