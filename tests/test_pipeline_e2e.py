@@ -161,9 +161,9 @@ def test_artifacts_and_measurements_are_laid_out(tiny_pipeline: TinyRun) -> None
         record = stages[f"train_export@{f}"]
         assert record["models"] == MODELS and record["startup"]["runner_seconds"] is not None
         phases = ("train", "replicates", "export_native", "export_onnx", "outputs")  # replicates: none for most
-        # latency last, for every model: its timed loop must not shift TF's function names in later exports
+        # taps, then latency, after every model's export: neither may shift TF's function names in later exports
         assert list(record["phases"]) == ["inputs", "framework_import", *(f"{m}.{p}" for m in MODELS for p in phases),
-                                          *(f"{m}.latency" for m in MODELS)]
+                                          *(f"{m}.taps" for m in MODELS), *(f"{m}.latency" for m in MODELS)]
     assert not list(root.rglob("*.pkl")) and not list(root.rglob("*.pickle"))
 
 
