@@ -65,12 +65,10 @@ OPENBLAS = {"OpenBLAS host": {"OPENBLAS_CORETYPE": None}, "OpenBLAS at Haswell (
 def env_prefix(variant: dict[str, str | None]) -> list[str]:
     """`env` arguments that make the stage see `variant` over the runner's environment (None: unset). XLA_MAX_ISA
     stands for XLA's flag: the runner's cap in XLA_FLAGS is replaced (or dropped) in the stage's own shell."""
-    args = ["env"]
-    for name, value in variant.items():
-        if name == "XLA_MAX_ISA":
-            continue
-        args += ["-u", name] if value is None else [f"{name}={value}"]
-    return args
+    # every -u before the first NAME=VALUE: env reads no option after an assignment
+    unset = [arg for name, value in variant.items() if value is None and name != "XLA_MAX_ISA" for arg in ("-u", name)]
+    assign = [f"{name}={value}" for name, value in variant.items() if value is not None and name != "XLA_MAX_ISA"]
+    return ["env", *unset, *assign]
 
 
 def stage_command(env: str, variant: dict[str, str | None], module: str, *args: str) -> list[str]:
@@ -86,7 +84,8 @@ def stage_command(env: str, variant: dict[str, str | None], module: str, *args: 
 def run_stage(root: Path, env: str, variant: dict[str, str | None], module: str, *args: str) -> float:
     started = time.perf_counter()
     result = subprocess.run(stage_command(env, variant, module, *args), cwd=root, capture_output=True, text=True,
-                            check=False, env={**os.environ, "PYTHONPATH": f"{REPO}"})
+                            check=False, env={"ROSETTA_ENVS_DIR": str(REPO / ".envs"), **os.environ,
+                                                         "PYTHONPATH": f"{REPO}"})  # this checkout's environments
     if result.returncode != 0 and module != "pipelines.stages.validate":  # validate may fail its checks: hashed
         raise SystemExit(f"error: {module} {' '.join(args)} under {variant} failed:\n{result.stderr[-3000:]}")
     return time.perf_counter() - started
