@@ -1,0 +1,515 @@
+"""Serving Rosetta's models: what the four model servers share, written once.
+
+Four servers serve the same models over the same protocols, each in its own environment: rosetta_torch.serve (the
+torch.export program), rosetta_tf.serve (the SavedModel's serving signature), rosetta_jax.serve (the jax.export
+artifact) and pipelines.serve_onnx (every model.onnx under ONNX Runtime). Each is KServe's `ModelServer`: V1 (TF
+Serving's REST shape, `POST /v1/models/<m>:predict`) and V2 (the Open Inference Protocol) over REST, V2 over gRPC,
+on 127.0.0.1 only. A framework module adds only how its export is loaded and run (a `ServedModel` that is also a
+`kserve.Model`); everything else is here: reading and checking a request, the model metadata, the responses, the
+loopback ModelServer with its body size limit, and the command line all four take.
+
+Why here and why kserve is imported lazily: the framework packages may import rosetta_common but never `pipelines`
+(tests/test_imports.py), and the ONNX server runs in the validation environment, which has rosetta_common and the
+repository root and no framework package; rosetta_common is the one package all four can import. It is also the
+numpy-level package every environment has, the orchestrator's included, which has no kserve: so this module imports
+kserve only inside the functions that build kserve objects. Importing it costs numpy alone, and the request checks
+(`images_from_v1`, `images_from_v2`, `check_images`) run and are tested without kserve.
+
+Every bad request is a one-line error naming the field, the value and what is allowed: HTTP 400 (V1, V2 REST) or
+INVALID_ARGUMENT (gRPC) for a wrong shape, datatype, value or missing input; 404 / NOT_FOUND for a model not served;
+413 for a REST body above the size limit (gRPC: RESOURCE_EXHAUSTED, gRPC's own limit set to the same size). The
+server keeps serving after each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import json
+import logging
+import math
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rosetta_common.errors import RosettaError, one_line
+from rosetta_common.interface import Predict
+from rosetta_common.onnx_conventions import INPUT_NAME, OUTPUT_NAME
+from rosetta_common.spec import ModelConfig
+
+HOST = "127.0.0.1"  # loopback only: nothing here is meant to be reached from another machine
+DATATYPE = "FP32"  # the V2 datatype of the one input and the one output
+DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024  # a REST body or gRPC message; 1024 MNIST images as V2 JSON are ~9 MB
+GRACE_SECONDS = 5  # how long a stopping server lets requests in flight finish
+GRPC_WORKERS = 4
+V2_EXAMPLE = '{"inputs": [{"name": "images", "shape": [n, height, width], "datatype": "FP32", "data": [...]}]}'
+
+
+class RequestError(RosettaError, ValueError):
+    """A request the protocol refuses: str(error) is one line naming the field, the value and what is allowed."""
+
+
+@dataclass(frozen=True)
+class Signature:
+    """A served model's one input and one output, as the ONNX conventions name them: images (n, height, width)
+    float32 in [0, 1], logits (n, classes) float32. Every server describes a model with it, so the metadata of
+    a model is the same on all four."""
+
+    height: int
+    width: int
+    classes: int
+
+    @classmethod
+    def of(cls, config: ModelConfig) -> Signature:
+        return cls(height=config.image_shape[0], width=config.image_shape[1], classes=config.num_classes)
+
+    def inputs(self) -> list[dict[str, Any]]:
+        """V2 metadata tensors; -1 is the protocol's variable-size dimension (the batch)."""
+        return [{"name": INPUT_NAME, "datatype": DATATYPE, "shape": [-1, self.height, self.width]}]
+
+    def outputs(self) -> list[dict[str, Any]]:
+        return [{"name": OUTPUT_NAME, "datatype": DATATYPE, "shape": [-1, self.classes]}]
+
+    def allowed(self) -> str:
+        return (f"one {DATATYPE} input {INPUT_NAME!r} of shape [n, {self.height}, {self.width}] (n >= 1), "
+                "images in [0, 1]")
+
+
+def _kind(array: np.ndarray) -> str:
+    return {"b": "booleans", "U": "strings", "S": "bytes", "O": "objects", "c": "complex numbers"}.get(
+        array.dtype.kind, str(array.dtype))
+
+
+def numbers(values: Any, field: str, signature: Signature) -> np.ndarray:
+    """`values` (nested lists of JSON numbers, or an array) as a numpy array of numbers; RequestError naming
+    `field` for strings, booleans, nulls, objects or ragged lists. Integers are numbers (JSON writes 0.0 as 0)."""
+    try:
+        array = np.asarray(values)
+    except (ValueError, TypeError):  # ragged nested lists (numpy 2 refuses an inhomogeneous shape)
+        raise RequestError(f"{field}: nested lists of unequal lengths; allowed: {signature.allowed()}") from None
+    if array.dtype.kind not in "iuf":
+        raise RequestError(f"{field}: holds {_kind(array)}; allowed: numbers, {signature.allowed()}")
+    return array
+
+
+def check_images(images: np.ndarray, field: str, signature: Signature) -> np.ndarray:
+    """The images a model is run on: float32 (n, height, width), n >= 1, finite, in [0, 1]."""
+    expected = (signature.height, signature.width)
+    if images.ndim != 3 or tuple(images.shape[1:]) != expected or images.shape[0] < 1:
+        raise RequestError(f"{field}: shape {list(images.shape)} is not allowed; allowed: {signature.allowed()}")
+    images = images.astype(np.float32, copy=False)  # exact for values that came from float32 (JSON keeps them)
+    if not np.isfinite(images).all():
+        raise RequestError(f"{field}: holds NaN or infinity; allowed: images in [0, 1]")
+    low, high = float(images.min()), float(images.max())
+    if low < 0.0 or high > 1.0:
+        raise RequestError(f"{field}: values from {low:g} to {high:g} are not allowed; allowed: images in [0, 1]")
+    return images
+
+
+def _json(body: bytes | bytearray | str) -> Any:
+    try:
+        return json.loads(body)
+    except (ValueError, UnicodeDecodeError) as error:  # JSONDecodeError is a ValueError
+        raise RequestError(f"body: not JSON ({one_line(str(error))}); allowed: a JSON object") from None
+
+
+def images_from_v1(payload: Any, signature: Signature) -> np.ndarray:
+    """The images of a V1 predict request, TF Serving's row format: {"instances": [image, ...]}, each image a
+    height x width nested list of numbers. `payload` is the decoded JSON, or the raw body (KServe hands a body
+    sent with a content type other than JSON over undecoded)."""
+    if isinstance(payload, bytes | bytearray | str):
+        payload = _json(payload)
+    if not isinstance(payload, dict):
+        raise RequestError(f"body: a JSON {type(payload).__name__}; allowed: an object {{\"instances\": [...]}}")
+    if "instances" not in payload:
+        raise RequestError(f"instances: missing (the body has {sorted(payload)}); allowed: "
+                           f"{{\"instances\": [image, ...]}}, each image {signature.height} x {signature.width} "
+                           "numbers in [0, 1]")
+    instances = payload["instances"]
+    if not isinstance(instances, list):
+        raise RequestError(f"instances: a JSON {type(instances).__name__}; allowed: a list of images")
+    return check_images(numbers(instances, "instances", signature), "instances", signature)
+
+
+def _tensor_values(tensor: Any, field: str) -> Any:
+    """A V2 input's values, duck-typed on kserve's InferInput: its `data` (REST JSON, gRPC typed contents), else
+    its raw bytes (gRPC raw_input_contents, REST's binary extension) as little-endian float32. KServe keeps raw
+    bytes in `_raw_data`; its one public reader, as_numpy, reshapes them and so cannot say how many values came."""
+    if isinstance(tensor.data, list) and tensor.data:
+        return tensor.data
+    raw = getattr(tensor, "_raw_data", None)
+    if not raw:
+        return []
+    if len(raw) % 4:
+        raise RequestError(f"{field}: {len(raw)} raw bytes; allowed: 4 bytes per {DATATYPE} value")
+    return np.frombuffer(raw, "<f4")
+
+
+def images_from_v2(request: Any, signature: Signature) -> np.ndarray:
+    """The images of a V2 inference request (REST or gRPC; kserve's InferRequest, duck-typed): exactly one input,
+    named "images", datatype FP32, shape [n, height, width], its data filling that shape; any requested output
+    must be "logits"."""
+    names = [tensor.name for tensor in request.inputs]
+    if INPUT_NAME not in names:
+        raise RequestError(f"inputs: no input named {INPUT_NAME!r} (got {names}); allowed: {signature.allowed()}")
+    if len(names) != 1:
+        raise RequestError(f"inputs: {names}: {len(names)} inputs; allowed: {signature.allowed()}")
+    tensor, field = request.inputs[0], "inputs[0]"
+    if tensor.datatype != DATATYPE:
+        raise RequestError(f"{field}.datatype: {tensor.datatype!r} is not allowed; allowed: {DATATYPE!r}")
+    shape = [int(n) for n in tensor.shape]
+    if len(shape) != 3 or shape[1:] != [signature.height, signature.width] or shape[0] < 1:
+        raise RequestError(f"{field}.shape: {shape} is not allowed; allowed: {signature.allowed()}")
+    values = numbers(_tensor_values(tensor, f"{field}.data"), f"{field}.data", signature)
+    if values.size != math.prod(shape):
+        raise RequestError(f"{field}.data: {values.size} values do not fill shape {shape}; allowed: exactly "
+                           f"{math.prod(shape)} numbers, row-major")
+    for i, output in enumerate(request.request_outputs or []):
+        if output.name != OUTPUT_NAME:
+            raise RequestError(f"outputs[{i}].name: {output.name!r} is not allowed; allowed: {OUTPUT_NAME!r}")
+    return check_images(values.reshape(shape), f"{field}.data", signature)
+
+
+def check_logits(logits: Any, images: np.ndarray, signature: Signature, name: str) -> np.ndarray:
+    """The model's answer, checked before it is sent: float32 (n, classes). A mismatch is a bug of ours (500)."""
+    logits = np.asarray(logits)
+    expected = (len(images), signature.classes)
+    if logits.dtype != np.float32 or logits.shape != expected:
+        raise RuntimeError(f"model {name!r} returned {logits.dtype} {list(logits.shape)}, expected float32 "
+                           f"{list(expected)}")
+    return logits
+
+
+class ServedModel:
+    """The serving half of a served model, mixed into a `kserve.Model` by each server:
+
+        class NativeModel(ServedModel, kserve.Model): ...
+
+    The subclass's `load` sets `signature` and `forward` (the export's predict: float32 images in, logits out) and
+    `ready`; this class answers V1 and V2 requests (REST and gRPC alike) with them, and the metadata."""
+
+    name: str
+    signature: Signature
+    forward: Predict
+
+    def validate(self, payload: Any) -> Any:
+        """kserve.Model checks `instances` and `inputs` with messages that name no value; predict checks all."""
+        return payload
+
+    def predict(self, payload: Any, headers: dict[str, str] | None = None) -> Any:
+        """Run the model on a V1 payload (-> {"predictions": ...}) or a V2 InferRequest (-> InferResponse)."""
+        from kserve.errors import InvalidInput
+        from kserve.protocol.infer_type import InferOutput, InferRequest, InferResponse
+        from kserve.utils.utils import generate_uuid
+
+        v2 = isinstance(payload, InferRequest)
+        try:
+            images = images_from_v2(payload, self.signature) if v2 else images_from_v1(payload, self.signature)
+        except RequestError as error:
+            raise InvalidInput(str(error)) from None
+        logits = check_logits(self.forward(images), images, self.signature, self.name)
+        if not v2:
+            # Python floats of float32 values: JSON writes each exactly (shortest round trip), so no bit is lost.
+            return {"predictions": logits.tolist()}
+        output = InferOutput(name=OUTPUT_NAME, shape=list(logits.shape), datatype=DATATYPE)
+        output.set_data_from_numpy(logits, binary_data=False)
+        # The request's id, else a new one, as KServe's own servers answer (the protocol's response needs one).
+        return InferResponse(response_id=payload.id or generate_uuid(), model_name=self.name, infer_outputs=[output])
+
+    def get_input_types(self) -> list[dict[str, Any]]:
+        return self.signature.inputs()
+
+    def get_output_types(self) -> list[dict[str, Any]]:
+        return self.signature.outputs()
+
+
+# --- the ModelServer: KServe's, on loopback, with a body size limit -------------------------------------------
+
+
+class BodyLimit:
+    """ASGI middleware: a request body above `limit` bytes is answered 413 with one line before the app sees any
+    of it (uvicorn has no limit of its own). The body is read to its end, so the client, which sends it whole
+    before it reads the answer, gets the answer rather than a reset connection; a body within the limit is handed
+    on as it came."""
+
+    def __init__(self, app: Any, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers", [])).get(b"content-length", b"")
+        chunks: list[bytes] = []
+        size, more, over = 0, True, declared.isdigit() and int(declared) > self.limit
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            size += len(message.get("body", b""))
+            more = message.get("more_body", False)
+            over = over or size > self.limit
+            if not over:
+                chunks.append(message.get("body", b""))
+        if over:
+            await self._refuse(send, size)
+            return
+        body, replayed = b"".join(chunks), False
+
+        async def replay() -> dict[str, Any]:
+            nonlocal replayed
+            if replayed:
+                return await receive()  # after the body: the disconnect, when it comes
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope, replay, send)
+
+    async def _refuse(self, send: Callable[..., Any], size: int) -> None:
+        text = f"body: {size} bytes is above the limit; allowed: at most {self.limit} bytes (--max-body-bytes)"
+        content = json.dumps({"error": text}).encode()
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(content)).encode())]})
+        await send({"type": "http.response.body", "body": content})
+
+
+class _ClientErrorsInOneLine(logging.Filter):
+    """KServe logs every refused request with its traceback; a request the protocol refuses is the client's
+    mistake, not ours, so its log record keeps the one line the client got. Errors of ours keep their traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from kserve.errors import InvalidInput, ModelNotFound
+
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, InvalidInput | ModelNotFound):
+            record.msg, record.args, record.exc_info = f"refused: {error}", (), None
+            record.levelno, record.levelname = logging.INFO, "INFO"
+        return True
+
+
+@functools.cache
+def _server_class() -> type:
+    """KServe's ModelServer with its own REST and gRPC servers, V1 and V2 handlers, error types and status codes,
+    changed only where the issue asks for more: REST and gRPC bind 127.0.0.1 (KServe binds every interface); a
+    REST body or a gRPC message above the size limit is refused; a request that is not what its protocol takes is
+    400 and one line naming the field (FastAPI's default for a V2 body is 422 with a list of errors, KServe's for
+    a V1 body that is not JSON names no field); an unknown model's 404 / NOT_FOUND names the models served. Built
+    on first use: kserve is imported here, not when this module is."""
+    import kserve
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse
+    from grpc import aio
+    from kserve.constants.constants import INFERENCE_CONTENT_LENGTH_HEADER
+    from kserve.errors import InvalidInput, ModelNotFound
+    from kserve.protocol.dataplane import DataPlane
+    from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc
+    from kserve.protocol.grpc.interceptors import ExceptionToStatusInterceptor, LoggingInterceptor
+    from kserve.protocol.grpc.server import GRPCServer
+    from kserve.protocol.grpc.servicer import InferenceServicer
+    from kserve.protocol.rest.server import RESTServer
+    from orjson import JSONDecodeError
+
+    class RosettaDataPlane(DataPlane):
+        def _served(self, name: str) -> None:
+            if self.model_registry.get_model(name) is None:
+                error = ModelNotFound(name)
+                served = ", ".join(self.model_registry.get_models()) or "none"
+                error.reason = f"model {name!r}: not served here; allowed: {served}"
+                raise error
+
+        def get_model_from_registry(self, name: str) -> Any:
+            self._served(name)
+            return super().get_model_from_registry(name)
+
+        async def get_model(self, name: str) -> Any:
+            self._served(name)
+            return await super().get_model(name)
+
+        async def model_ready(self, model_name: str, disable_predictor_health_check: bool = False) -> bool:
+            self._served(model_name)
+            return await super().model_ready(model_name, disable_predictor_health_check)
+
+        def decode_inference_request(self, body: Any, headers: dict[str, str], model_name: str) -> Any:
+            if isinstance(body, bytes) and INFERENCE_CONTENT_LENGTH_HEADER not in headers:
+                # FastAPI hands a V2 body over as bytes when its content type is not JSON (curl -d sends a form).
+                kind = headers.get("content-type", "no content type")
+                raise InvalidInput(f"body: {len(body)} bytes sent as {kind!r}, without the binary extension's "
+                                   f"{INFERENCE_CONTENT_LENGTH_HEADER} header; allowed: Content-Type: "
+                                   f"application/json and {V2_EXAMPLE}")
+            return super().decode_inference_request(body, headers, model_name)
+
+        def decode(self, body: Any, headers: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return super().decode(body, headers, *args, **kwargs)
+            except InvalidInput as error:  # a V1 body sent as JSON that is not JSON: name the field
+                if isinstance(error.__context__, JSONDecodeError):
+                    raise InvalidInput(f"body: not JSON ({one_line(str(error.__context__))}); allowed: a JSON "
+                                       "object {\"instances\": [...]}") from None
+                raise
+
+    async def invalid_request(_: Any, error: RequestValidationError) -> JSONResponse:
+        """FastAPI's check of a V2 body against KServe's InferenceRequest model, as one line: the first problem,
+        its place in the body (body.inputs[0].datatype), what is allowed."""
+        first = (error.errors() or [{}])[0]
+        if first.get("type") == "json_invalid":
+            text = f"body: not JSON ({first.get('ctx', {}).get('error', 'invalid')})"
+        else:
+            where = "body"
+            for part in first.get("loc", ())[1:]:  # ("body", "InferenceRequest", "inputs", 0, "datatype")
+                if isinstance(part, int):
+                    where += f"[{part}]"
+                elif part != "InferenceRequest":  # the body's declared type, Union[InferenceRequest, bytes]
+                    where += f".{part}"
+            text = f"{where}: {first.get('msg', 'invalid')}"
+        return JSONResponse(status_code=400, content={"error": one_line(f"{text}; allowed: {V2_EXAMPLE}")})
+
+    class LoopbackRESTServer(RESTServer):
+        def __init__(self, *args: Any, max_body_bytes: int, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.config.host = HOST  # the uvicorn.Config its server holds: bound at start
+            self.max_body_bytes = max_body_bytes
+
+        @property
+        def started(self) -> bool:
+            return bool(self._server.started)
+
+        def create_application(self) -> None:
+            super().create_application()
+            from kserve.model_server import app
+
+            app.add_exception_handler(RequestValidationError, invalid_request)
+            app.add_middleware(BodyLimit, limit=self.max_body_bytes)  # added last: outermost, sees bodies first
+
+    class LoopbackGRPCServer(GRPCServer):
+        """GRPCServer.start as KServe writes it, bound to HOST instead of every interface ([::])."""
+
+        started = False
+
+        async def start(self, max_workers: int) -> None:
+            from concurrent import futures
+
+            servicer = InferenceServicer(self._data_plane, self._model_repository_extension)
+            self._server = aio.server(
+                futures.ThreadPoolExecutor(max_workers=max_workers),
+                interceptors=(LoggingInterceptor(), ExceptionToStatusInterceptor()),
+                options=[("grpc.max_send_message_length", self._kwargs["grpc_max_send_message_length"]),
+                         ("grpc.max_receive_message_length", self._kwargs["grpc_max_receive_message_length"])],
+            )
+            grpc_predict_v2_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, self._server)
+            if self._server.add_insecure_port(f"{HOST}:{self._port}") == 0:
+                raise OSError(f"gRPC could not bind {HOST}:{self._port} (in use?)")
+            await self._server.start()
+            self.started = True
+            await self._server.wait_for_termination()
+
+    class LoopbackModelServer(kserve.ModelServer):
+        def __init__(self, http_port: int, grpc_port: int, max_body_bytes: int, ready_line: str) -> None:
+            super().__init__(http_port=http_port, grpc_port=grpc_port, workers=1, max_threads=GRPC_WORKERS,
+                             enable_grpc=True, enable_docs_url=False, enable_latency_logging=False,
+                             grace_period=GRACE_SECONDS)
+            self.dataplane = RosettaDataPlane(model_registry=self.registered_models)
+            self.max_body_bytes, self.ready_line = max_body_bytes, ready_line
+
+        def start(self, models: list[Any]) -> None:
+            """ModelServer.start for one REST process and a gRPC server, both on loopback, then one line on
+            stdout once both accept connections."""
+            self._register_and_check_atleast_one_model_is_ready(models)
+            self._rest_server = LoopbackRESTServer(
+                "kserve.model_server:app", self.dataplane, self.model_repository_extension, self.http_port,
+                workers=1, grace_period=self.grace_period, event_loop=self.event_loop,
+                timeout_keep_alive=self.timeout_keep_alive, max_body_bytes=self.max_body_bytes)
+            limit = self.max_body_bytes
+            self._grpc_server = LoopbackGRPCServer(
+                self.grpc_port, self.dataplane, self.model_repository_extension, grace_period=self.grace_period,
+                kwargs={"grpc_max_send_message_length": limit, "grpc_max_receive_message_length": limit})
+            self.servers += [self._rest_server.start(), self._grpc_server.start(self.max_threads), self._announce()]
+            self.setup_event_loop()
+            self.register_signal_handler()
+            asyncio.run(self._serve())
+
+        async def _announce(self) -> None:
+            while not (self._rest_server.started and self._grpc_server.started):
+                await asyncio.sleep(0.05)
+            print(self.ready_line, flush=True)
+
+    return LoopbackModelServer
+
+
+def serve(models: Sequence[Any], http_port: int, grpc_port: int, max_body_bytes: int, ready_line: str) -> None:
+    """Serve loaded models until SIGTERM or SIGINT: V1 and V2 REST on 127.0.0.1:http_port, V2 gRPC on
+    127.0.0.1:grpc_port; `ready_line` goes to stdout once both accept connections."""
+    server = _server_class()(http_port, grpc_port, max_body_bytes, ready_line)
+    logging.getLogger("kserve").addFilter(_ClientErrorsInOneLine())
+    # KServe's timing middleware logs two lines per request; uvicorn's access log already has one.
+    logging.getLogger("kserve.trace").setLevel(logging.WARNING)
+    server.start(list(models))
+
+
+# --- the command line all four servers take -------------------------------------------------------------------
+
+
+def parse_args(argv: Sequence[str] | None, description: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--artifacts", type=Path, required=True,
+                        help="a framework's artifacts folder (artifacts/<framework>): one run folder per model")
+    parser.add_argument("--models", nargs="+", metavar="MODEL",
+                        help="serve only these run folders (default: every one there)")
+    parser.add_argument("--http-port", type=int, required=True, help="V1 and V2 REST, on 127.0.0.1")
+    parser.add_argument("--grpc-port", type=int, required=True, help="V2 gRPC, on 127.0.0.1")
+    parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
+                        help=f"the largest REST body or gRPC message accepted (default {DEFAULT_MAX_BODY_BYTES})")
+    args = parser.parse_args(argv)
+    for flag, port in (("--http-port", args.http_port), ("--grpc-port", args.grpc_port)):
+        if not 1 <= port <= 65535:
+            parser.error(f"{flag} {port}: not a port; allowed: 1 to 65535")
+    if args.http_port == args.grpc_port:
+        parser.error(f"--grpc-port {args.grpc_port}: the same as --http-port; allowed: two different ports")
+    if args.max_body_bytes < 1024:
+        parser.error(f"--max-body-bytes {args.max_body_bytes}: too small; allowed: 1024 or more")
+    return args
+
+
+def find_models(artifacts: Path, wanted: Sequence[str] | None, served_file: Path) -> dict[str, Path]:
+    """Model name -> run folder: every subfolder of `artifacts` holding `served_file`, sorted by name (or the
+    `wanted` ones, in their order). SystemExit with one line when one is missing."""
+    if not artifacts.is_dir():
+        raise SystemExit(f"error: --artifacts {artifacts}: not a folder; allowed: a framework's artifacts folder, "
+                         "e.g. artifacts/torch")
+    found = {run.name: run for run in sorted(artifacts.iterdir()) if (run / served_file).exists()}
+    if not found:
+        raise SystemExit(f"error: --artifacts {artifacts}: no run folder holds {served_file}")
+    for name in wanted or ():
+        if name not in found:
+            raise SystemExit(f"error: --models {name}: {artifacts / name / served_file} is missing; allowed: "
+                             f"{', '.join(found)}")
+    return {name: found[name] for name in wanted} if wanted else found
+
+
+def main(argv: Sequence[str] | None, *, server: str, served_file: Path, model: Callable[[str, Path], Any],
+         configure: Callable[[], None] | None = None) -> int:
+    """The entry point every server module's `main` is: parse the command line, load every model once (a missing
+    or damaged export is one line, exit 1), serve until SIGTERM or SIGINT (exit 0)."""
+    args = parse_args(argv, f"Serve Rosetta's models: the {server} server (KServe ModelServer).")
+    runs = find_models(args.artifacts, args.models, served_file)
+    if configure is not None:
+        configure()
+    models = []
+    for name, run in runs.items():
+        served = model(name, run)
+        try:
+            served.load()
+        except RosettaError as error:  # ArtifactError and its kin: one line naming the file
+            raise SystemExit(f"error: {error}") from None
+        models.append(served)
+    ready = (f"ready: {server} server, models {', '.join(runs)}: http://{HOST}:{args.http_port} (V1, V2 REST), "
+             f"grpc {HOST}:{args.grpc_port} (V2), pid {os.getpid()}")
+    serve(models, args.http_port, args.grpc_port, args.max_body_bytes, ready)
+    print(f"stopped: {server} server", file=sys.stderr, flush=True)
+    return 0
