@@ -1,0 +1,50 @@
+"""The JAX model server: every model of an artifacts folder, served from its serialized jax.export function.
+
+    python -m pipelines.runner jax -- python -m rosetta_jax.serve --artifacts artifacts/jax \
+        --http-port 8504 --grpc-port 8505
+
+KServe's ModelServer, V1 and V2 over REST and V2 over gRPC on 127.0.0.1, one line on stdout when ready, a clean
+stop on SIGTERM or SIGINT. Everything but loading and running the export is rosetta_common.serving's, shared
+with rosetta_torch.serve, rosetta_tf.serve and pipelines.serve_onnx (same names in each).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import kserve
+
+from rosetta_common import serving
+from rosetta_common.spec import ModelConfig
+from rosetta_jax.export import CONFIG_FILE, EXPORT_FILE, load_native
+from rosetta_jax.train import configure
+
+SERVER = "jax"
+SERVED_FORMAT = "jax_export"  # the key of load_native's predict that calls the deserialized jax.export module
+SERVED_FILE = Path("native") / EXPORT_FILE
+
+
+class NativeModel(serving.ServedModel, kserve.Model):
+    """One run folder's jax.export artifact, loaded once by rosetta_jax.export.load_native."""
+
+    def __init__(self, name: str, run_dir: Path) -> None:
+        super().__init__(name)
+        self.run_dir = run_dir
+
+    def load(self) -> bool:
+        native = self.run_dir / "native"
+        self.forward = load_native(native)[SERVED_FORMAT]  # first: it names a missing or damaged config.json
+        self.signature = serving.Signature.of(ModelConfig.model_validate_json((native / CONFIG_FILE).read_bytes()))
+        self.ready = True
+        return self.ready
+
+
+def main(argv: list[str] | None = None) -> int:
+    # configure: JAX's deterministic flags and full-precision matmuls, before the first computation, as
+    # train_export ran (inference draws no random number, so the seed is immaterial).
+    return serving.main(argv, server=SERVER, served_file=SERVED_FILE, model=NativeModel,
+                        configure=lambda: configure(0))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,51 @@
+"""The torch model server: every model of an artifacts folder, served from its torch.export program (model.pt2).
+
+    python -m pipelines.runner torch -- python -m rosetta_torch.serve --artifacts artifacts/torch \
+        --http-port 8500 --grpc-port 8501
+
+KServe's ModelServer, V1 and V2 over REST and V2 over gRPC on 127.0.0.1, one line on stdout when ready, a clean
+stop on SIGTERM or SIGINT. Everything but loading and running the export is rosetta_common.serving's, shared
+with rosetta_tf.serve, rosetta_jax.serve and pipelines.serve_onnx (same names in each).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import kserve
+
+from rosetta_common import serving
+from rosetta_torch.export import PROGRAM_FILE, STATE_FILE, load_native, load_state_file
+from rosetta_torch.models import model_config
+from rosetta_torch.train import configure
+
+SERVER = "torch"
+SERVED_FORMAT = "torch_export"  # the key of load_native's predict that runs model.pt2
+SERVED_FILE = Path("native") / PROGRAM_FILE
+
+
+class NativeModel(serving.ServedModel, kserve.Model):
+    """One run folder's torch.export program, loaded once by rosetta_torch.export.load_native (no pickle)."""
+
+    def __init__(self, name: str, run_dir: Path) -> None:
+        super().__init__(name)
+        self.run_dir = run_dir
+
+    def load(self) -> bool:
+        native = self.run_dir / "native"
+        # The program holds no ModelConfig; the state file beside it, from the same model, does.
+        self.signature = serving.Signature.of(model_config(load_state_file(native / STATE_FILE)))
+        self.forward = load_native(native)[SERVED_FORMAT]
+        self.ready = True
+        return self.ready
+
+
+def main(argv: list[str] | None = None) -> int:
+    # configure: torch's deterministic kernels, as train_export ran the same program (inference draws no random
+    # number, so the seed is immaterial).
+    return serving.main(argv, server=SERVER, served_file=SERVED_FILE, model=NativeModel,
+                        configure=lambda: configure(0))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
