@@ -59,6 +59,14 @@ lint: $(VENV)/.installed
 lock-check: $(VENV)/.installed
 	python -m tooling.dvc_lock_check
 
+# The four model servers (README.md, "Serving") on 127.0.0.1, on the finished run's artifacts, until Ctrl-C: torch
+# REST on SERVE_PORT and gRPC on SERVE_PORT+1, then tf (+2, +3), jax (+4, +5), onnx (+6, +7: ONNX_FROM's model.onnx).
+SERVE_PORT ?= 8500
+ONNX_FROM ?= torch
+.PHONY: serve
+serve: setup
+	python -m pipelines.serving --port $(SERVE_PORT) --onnx-from $(ONNX_FROM)
+
 locks: $(VENV)/.installed
 	python -m uv pip compile pyproject.toml --generate-hashes --python-version 3.11 \
 		--python-platform x86_64-manylinux_2_28 --no-header --no-annotate --quiet -o requirements.lock
