@@ -151,3 +151,37 @@ def test_compare_pairs_every_two_frameworks_once() -> None:
     out = compare({"torch": ref, "tf": ref, "jax": ref}, {"torch": ref, "tf": ref, "jax": ref}, TOL)
     assert list(out["pairs"]) == ["torch|tf", "torch|jax", "tf|jax"]
     assert all(c.first is None and c.worst()[1] == 0.0 for c in out["pairs"].values())
+
+
+def test_a_failing_end_of_training_check_names_the_first_divergent_trained_tap(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A mistake no init forward shows (BatchNorm's momentum convention moves only the running statistics): the
+    init taps agree, torch's trained taps part from the others' at pool. A failing end-of-training check of a pair
+    names the pair's first divergent trained tap; a lockstep check's detail is as before; a check judged against
+    the replicates' null is left to judge_nulls."""
+    init, trained = asymmetric_weights(CONFIG, 11), asymmetric_weights(CONFIG, 12)
+    ref, after = reference(init), reference(trained)
+    write_run(tmp_path, "torch", ref, moved(after, "pool", 100 * TOL))
+    write_run(tmp_path, "tf", ref, after)
+    write_run(tmp_path, "jax", ref, after)
+    monkeypatch.chdir(tmp_path)
+    ledger = Ledger()
+    for subject, check in [("torch|tf", names.statistic_check("running_mean")), ("torch|jax", names.TEST_LOSS_REL),
+                           ("tf|jax", names.PREDICTION_DISAGREEMENT), ("torch|tf", names.TRAIN_LOCKSTEP_LOSS_REL)]:
+        ledger.add("cnn", subject, check, 1.0, 0.5, detail="measured")
+    ledger.add_null("cnn", "torch|jax", names.TEST_ACCURACY_POINTS, 1.0, 0.5, {"p_value": 0.5}, "runs part")
+    figures = tap_figures(ledger, "cnn", CONFIG, ["torch", "tf", "jax"], BATCH, init, dict.fromkeys(
+        ("torch", "tf", "jax"), trained), TOL)
+    localize(ledger, "cnn", figures)
+    rows = {(c.subject, c.name): c for c in ledger.checks}
+
+    for subject, check in [("torch|tf", names.statistic_check("running_mean")), ("torch|jax", names.TEST_LOSS_REL)]:
+        detail = rows[(subject, check)].detail
+        assert detail.startswith("measured; the init forward taps of"), detail
+        assert f"trained taps of {subject}: first divergent tap pool " in detail, detail
+    assert rows[("tf|jax", names.PREDICTION_DISAGREEMENT)].detail.endswith(
+        "; trained taps of tf|jax: every tap within 1e-05")
+    lockstep = rows[("torch|tf", names.TRAIN_LOCKSTEP_LOSS_REL)].detail
+    assert lockstep.endswith("backward pass or the optimizer") and "trained taps" not in lockstep
+    assert rows[("torch|jax", names.TEST_ACCURACY_POINTS)].detail == "runs part"
+    assert all(name in names.TAP_LOCALIZED for name in names.END_OF_TRAINING_PAIR)

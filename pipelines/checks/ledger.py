@@ -38,10 +38,15 @@ TEST_ACCURACY_POINTS = "test_accuracy_points"
 PREDICTION_DISAGREEMENT = "prediction_disagreement"
 REPLICATES_READABLE = "replicates_readable"  # the one-ulp replicates of a run (pipelines/checks/replicates.py)
 RUNNING_STATISTICS = ("running_mean", "running_var")  # BatchNorm's, each judged as "<statistic>_rel"
+# The end-of-training checks of a pair of frameworks' trained models: a mistake that changes no init forward and
+# no training loss (BatchNorm's momentum convention moves only the running statistics) shows first here, and in
+# the pair's trained taps (pipelines/checks/taps.py where_it_parts).
+END_OF_TRAINING_PAIR = (TEST_LOSS_REL, TEST_ACCURACY_POINTS, PREDICTION_DISAGREEMENT,
+                        *(f"{statistic}_rel" for statistic in RUNNING_STATISTICS))  # statistic_check's names
 # The checks whose failure names, in its detail, the first tap over its tolerance (pipelines/checks/taps.py
 # localize), and which the report links to its per-layer taps figure.
 TAP_LOCALIZED = (INIT_ONNX_VS_REFERENCE, FORWARD_PARITY_INIT_ONNX, ONNX_VS_NATIVE, INIT_ONNX_VS_NATIVE,
-                 TRAIN_STEP1_LOSS_REL, TRAIN_LOCKSTEP_LOSS_REL, INIT_TAPS_VS_REFERENCE)
+                 TRAIN_STEP1_LOSS_REL, TRAIN_LOCKSTEP_LOSS_REL, INIT_TAPS_VS_REFERENCE, *END_OF_TRAINING_PAIR)
 # Data-parallel runs (pipelines/checks/data_parallel.py).
 DP_RUN_READABLE = "dp_run_readable"
 DP_STEP1_LOSS_REL = "dp_step1_loss_rel"

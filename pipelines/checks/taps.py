@@ -11,7 +11,12 @@ weights (taps.npz, hashed in export.json). Here, per model:
   tolerance (`localize`): for ONNX against native, whose intermediates cannot be aligned by name, the first tap
   where the framework's native taps leave the reference (or that they all agree, so the difference is in the
   ONNX conversion); for a lockstep check, the first init tap where the pair differs (or that the forward taps
-  agree, so the difference is in training: the training-mode forward, the backward pass or the optimizer).
+  agree, so the difference is in training: the training-mode forward, the backward pass or the optimizer); for
+  an end-of-training check of a pair (test figures, BatchNorm running statistics) judged against its float32
+  bound, the same, and where the init taps agree, also the first tap where the pair's trained taps differ (a
+  mistake only training shows, such as BatchNorm's momentum convention, which moves only the running
+  statistics: named at the first BatchNorm's tap). A check judged against the replicates' null is not: its runs
+  have parted, so their trained taps differ from the first layer on.
 Pure numpy: no ONNX Runtime and no framework here.
 """
 
@@ -140,7 +145,8 @@ def where_it_parts(check: Check, figures: Mapping[str, Any]) -> str | None:
             return (f"{check.subject}'s native {which} taps all agree with the float64 reference "
                     f"(within {comparison.tolerance:.0e}), so the difference is in the ONNX conversion")
         return f"{check.subject}'s native {which} taps leave the float64 reference at: {comparison.says()}"
-    if check.name in (names.FORWARD_PARITY_INIT_ONNX, names.TRAIN_STEP1_LOSS_REL, names.TRAIN_LOCKSTEP_LOSS_REL):
+    if check.name in (names.FORWARD_PARITY_INIT_ONNX, names.TRAIN_STEP1_LOSS_REL, names.TRAIN_LOCKSTEP_LOSS_REL,
+                      *names.END_OF_TRAINING_PAIR):
         comparison = init["pairs"].get(check.subject)
         if comparison is None:
             return None
@@ -149,9 +155,15 @@ def where_it_parts(check: Check, figures: Mapping[str, Any]) -> str | None:
         if check.name == names.FORWARD_PARITY_INIT_ONNX:
             return (f"the native init taps of {check.subject} agree at every tap (within "
                     f"{comparison.tolerance:.0e}), so the difference is in an ONNX conversion")
-        return (f"the init forward taps of {check.subject} agree at every tap (inference mode, within "
-                f"{comparison.tolerance:.0e}), so the difference is in training: the training-mode forward, the "
-                "backward pass or the optimizer")
+        in_training = (f"the init forward taps of {check.subject} agree at every tap (inference mode, within "
+                       f"{comparison.tolerance:.0e}), so the difference is in training: the training-mode forward, "
+                       "the backward pass or the optimizer")
+        after = trained["pairs"].get(check.subject)
+        if check.name not in names.END_OF_TRAINING_PAIR or after is None:
+            return in_training
+        # A figure of the trained models: where their own forwards part says which layer's trained state differs
+        # (BatchNorm's momentum convention: only the running statistics, first at the first BatchNorm's tap).
+        return f"{in_training}; trained taps of {check.subject}: {after.says()}"
     return None
 
 
@@ -159,7 +171,9 @@ def localize(ledger: Ledger, arch: str, figures: Mapping[str, Any]) -> None:
     """Name, in the detail of every failing check of `arch` that the taps explain, the first tap over its
     tolerance (where_it_parts), and point at the report's figure."""
     for i, check in enumerate(ledger.checks):
-        if check.model != arch or check.passed:
+        # A check judged against the replicates' null stands failed until judge_nulls decides it, after every
+        # model: not localized (its runs have parted, so their trained taps part from the first layer on anyway).
+        if check.model != arch or check.passed or check.null is not None:
             continue
         said = where_it_parts(check, figures)
         if said is not None:
