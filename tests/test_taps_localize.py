@@ -5,7 +5,13 @@ train_export reruns for that model, and validate runs once. It must fail, and ev
 explain (init_taps_vs_reference, init_onnx_vs_reference, forward_parity_init_onnx, and the lockstep checks) of
 a comparison with the planted framework must name the planted layer's tap as the first divergent one; the other
 frameworks' taps must still agree with the reference. Plants in different models share one validate run (each
-judged on its own model's rows), as in test_validate_failures.py."""
+judged on its own model's rows), as in test_validate_failures.py.
+
+Two mistakes change no init forward (the init biases are zero, the init running statistics 0 and 1): torch's
+BatchNorm given the spec's momentum instead of 1 minus it moves only the running statistics, and torch's LSTM
+bias counted twice (both of torch's biases given the canonical one, both trained) moves the bias twice as fast.
+They show in the trained models, so their checks are the end-of-training ones of each pair with torch, which
+must name the tap where the pair's trained taps part: the first BatchNorm's, the LSTM's cell state."""
 
 from __future__ import annotations
 
@@ -31,12 +37,14 @@ class Plant:
     old: str  # the text the mistake replaces (must occur exactly once)
     new: str
     enters: str  # the tap where the mistake enters
+    also: tuple[tuple[str, str, str], ...] = ()  # further edits of the same mistake: (source, old, new)
 
     def plant(self, root: Path) -> None:
-        path = root / self.source
-        text = path.read_text()
-        assert text.count(self.old) == 1, f"{self.id}: {self.old!r} is not in {self.source} exactly once"
-        path.write_text(text.replace(self.old, self.new))
+        for source, old, new in [(self.source, self.old, self.new), *self.also]:
+            path = root / source
+            text = path.read_text()
+            assert text.count(old) == 1, f"{self.id}: {old!r} is not in {source} exactly once"
+            path.write_text(text.replace(old, new))
 
 
 PLANTS = [
@@ -52,10 +60,46 @@ PLANTS = [
     # Keras' BatchNormalization left at its default epsilon (1e-3; the spec's is 1e-5).
     Plant("tf-resnet-batchnorm-epsilon", "tf", "resnet", "packages/tf_impl/src/rosetta_tf/models.py",
           "epsilon=settings.batchnorm_epsilon,", "", "stem.bn"),
+    # torch's LSTM gate blocks mapped i, f exchanged (weights.py's GATE_ORDER): the first step's cell state,
+    # i * g, is already f * g.
+    Plant("torch-lstm-gate-order", "torch", "lstm", "packages/torch_impl/src/rosetta_torch/weights.py",
+          'GATE_ORDER: dict[str, tuple[int, ...]] = {"lstm": (0, 1, 2, 3), "gru": (0, 1, 2)}',
+          'GATE_ORDER: dict[str, tuple[int, ...]] = {"lstm": (1, 0, 2, 3), "gru": (0, 1, 2)}', "lstm.cell"),
+    # The query kernel copied into nn.Linear untransposed, as Keras and Flax keep it: square (embed, embed), so
+    # load_state_dict's shape check passes.
+    Plant("torch-attention-query-kernel-transposed", "torch", "attention",
+          "packages/torch_impl/src/rosetta_torch/weights.py",
+          '    if name.endswith("kernel"):  # .kernel and .recurrent_kernel\n',
+          '    if name == "block.attn.query.kernel":  # planted\n        return value\n'
+          '    if name.endswith("kernel"):  # .kernel and .recurrent_kernel\n', "block.attn.query"),
+    # The scores scaled by the model's width instead of the head's: 1 / sqrt(embed_dim) for 1 / sqrt(head_dim).
+    # In torch, whose attention-weights tap is the forward's own softmax (TF's and JAX's taps recompute it from
+    # q and k, so there a mistake inside the attention's call shows at block.attn.out).
+    Plant("torch-attention-scale", "torch", "attention", "packages/torch_impl/src/rosetta_torch/models.py",
+          "/ math.sqrt(q.shape[-1])", "/ math.sqrt(embed)", "block.attn.weights"),
 ]
-# One validate run per round: plants of different models share one (torch's and tf's resnet plants cannot).
-ROUNDS = [["torch-resnet-symmetric-padding", "jax-attention-tanh-gelu"], ["tf-resnet-batchnorm-epsilon"]]
-BY_ID = {p.id: p for p in PLANTS}
+# Mistakes no init forward shows, named at the first tap where the pair's TRAINED taps part (the init biases are
+# zero and the init running statistics 0 and 1, so a bias mapping or a momentum convention changes nothing there).
+TRAINED_PLANTS = [
+    # torch's BatchNorm momentum given the spec's number (the old average's weight) where torch's means the new
+    # batch's: inference mode and training losses are unchanged (training normalizes by the batch's
+    # statistics), only the running statistics are not.
+    Plant("torch-resnet-batchnorm-momentum", "torch", "resnet", "packages/torch_impl/src/rosetta_torch/models.py",
+          "    return 1.0 - batchnorm_momentum\n", "    return batchnorm_momentum\n", "stem.bn"),
+    # torch's bias counted twice: bias_ih and bias_hh both given the canonical bias, both trained (torch's
+    # default), so their sum moves twice as fast; the losses part at step 2.
+    Plant("torch-lstm-bias-counted-twice", "torch", "lstm", "packages/torch_impl/src/rosetta_torch/weights.py",
+          "    return bias, np.zeros_like(bias)\n", "    return bias, bias\n", "lstm.cell",
+          also=(("packages/torch_impl/src/rosetta_torch/models.py",
+                 "        self.lstm.bias_hh_l0.requires_grad_(False)\n", ""),)),
+]
+LOCKSTEP_KEPT = {"torch-resnet-batchnorm-momentum"}  # the trained plants whose training losses do not change
+# One validate run per round: plants of different models share one (and a framework's plants one train_export).
+# Three rounds, as few as there can be: ResNet and attention have three plants each.
+ROUNDS = [["torch-resnet-symmetric-padding", "jax-attention-tanh-gelu", "torch-lstm-gate-order"],
+          ["tf-resnet-batchnorm-epsilon", "torch-attention-query-kernel-transposed", "torch-lstm-bias-counted-twice"],
+          ["torch-resnet-batchnorm-momentum", "torch-attention-scale"]]
+BY_ID = {p.id: p for p in [*PLANTS, *TRAINED_PLANTS]}
 ROUND_OF = {plant: i for i, ids in enumerate(ROUNDS) for plant in ids}
 # The checks that compare the planted framework's forward with the reference or another framework's at init,
 # and the lockstep checks, which the init taps explain: each must fail and name the planted tap.
@@ -80,10 +124,15 @@ def validate_round(tiny: TinyRun, root: Path, plants: list[Plant]) -> Validated:
     planted = {plant.model for plant in plants}
     params["replicates"]["models"] = [m for m in params["replicates"]["models"] if m not in planted]
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    planted_models: dict[str, list[str]] = {}
     for plant in plants:
         plant.plant(root)
-        sh(["python", "-m", "pipelines.runner", plant.framework, "--", "python", "-m", "pipelines.stages.train_export",
-            plant.framework, plant.model], root, tiny.env)
+        planted_models.setdefault(plant.framework, []).append(plant.model)
+    # One train_export per planted framework, for its planted models alone: importing a framework costs more
+    # than training and exporting a tiny model.
+    for fw, models in planted_models.items():
+        sh(["python", "-m", "pipelines.runner", fw, "--", "python", "-m", "pipelines.stages.train_export", fw,
+            *models], root, tiny.env)
     result = sh(VALIDATE, root, tiny.env, check=False)
     report = json.loads((root / "reports/validation.json").read_text())
     output = f"exit {result.returncode}\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
@@ -133,10 +182,65 @@ def test_validate_names_the_layer_a_planted_mistake_enters_at(plant: Plant, vali
         row = next(r for r in own if (r["framework"], r["check"]) == (fw, names.INIT_TAPS_VS_REFERENCE))
         assert row["passed"], row
     # validation.json's figures say the same: the planted framework leaves the reference at that tap.
-    record = run.taps[plant.model]["init"]
-    assert record["vs_reference"][plant.framework]["first_divergent"] == plant.enters
-    taps = record["vs_reference"][plant.framework]["taps"]
-    at = [t["tap"] for t in taps].index(plant.enters)
-    tolerance = record["vs_reference"][plant.framework]["tolerance"]
-    assert all(t["max_abs"] <= tolerance for t in taps[:at]) and taps[at]["max_abs"] > tolerance, taps
+    assert_enters(run.taps[plant.model]["init"]["vs_reference"][plant.framework], plant.enters)
 
+
+def assert_enters(record: dict[str, Any], tap: str | None) -> None:
+    """One comparison of validation.json's taps parts first at `tap` (None: at none): every tap before it within
+    the tolerance, that one over it."""
+    assert record["first_divergent"] == tap, record
+    taps, tolerance = record["taps"], record["tolerance"]
+    at = [t["tap"] for t in taps].index(tap) if tap is not None else len(taps)
+    assert all(t["max_abs"] <= tolerance for t in taps[:at]), taps
+    assert tap is None or taps[at]["max_abs"] > tolerance, taps
+
+
+INIT_FORWARD = (names.INIT_TAPS_VS_REFERENCE, names.INIT_ONNX_VS_REFERENCE, names.INIT_ONNX_VS_NATIVE,
+                names.FORWARD_PARITY_INIT_ONNX, names.TRAIN_STEP1_LOSS_REL)
+
+
+@pytest.mark.parametrize("plant", TRAINED_PLANTS, ids=lambda p: p.id)
+def test_validate_names_the_first_divergent_trained_tap_of_a_mistake_only_training_shows(plant: Plant,
+                                                                                        validated: Any) -> None:
+    run = validated(plant)
+    assert run.returncode != 0, run.output
+    own = [r for r in run.rows if r["model"] == plant.model]
+    every_pair = {r["framework"] for r in own if r["check"] == names.TEST_LOSS_REL}
+    pairs = sorted(pair for pair in every_pair if plant.framework in pair.split("|"))
+    assert len(every_pair) == 3 and len(pairs) == 2, every_pair
+    # Nothing of the init forward changes, nor the first step's loss (the same init forward).
+    for check in INIT_FORWARD:
+        rows = [r for r in own if r["check"] == check]
+        assert len(rows) >= 3 and all(r["passed"] for r in rows), rows
+    # The training losses stay in lockstep, or they part and the lockstep check says that the forwards agree, so
+    # the difference is in training.
+    lockstep = [r for r in own if r["check"] == names.TRAIN_LOCKSTEP_LOSS_REL and r["framework"] in pairs]
+    assert len(lockstep) == 2, lockstep
+    for row in lockstep:
+        if plant.id in LOCKSTEP_KEPT:
+            assert row["passed"], row
+        else:
+            assert not row["passed"] and "so the difference is in training" in row["detail"], row
+    # Every failing end-of-training check of a pair with the planted framework names the first tap where the
+    # pair's trained taps part (the running statistics among them, for the momentum).
+    for pair in pairs:
+        failing = [r for r in own if r["framework"] == pair and not r["passed"]
+                   and r["check"] in names.END_OF_TRAINING_PAIR]
+        assert len(failing) >= 2, (pair, failing, run.output)
+        if plant.model == "resnet":
+            assert {names.statistic_check(s) for s in names.RUNNING_STATISTICS} <= {r["check"] for r in failing}
+        for row in failing:
+            assert f"trained taps of {pair}: first divergent tap {plant.enters} " in row["detail"], row
+    # The other pair's trained models agree: every check of it passes.
+    (other,) = every_pair - set(pairs)
+    others = [r for r in own if r["framework"] == other]
+    assert len(others) >= 5 and all(r["passed"] for r in others), others
+    # validation.json's figures: each pair with the planted framework parts at that tap after training, not at
+    # init; the other pair never; and the planted framework's own trained forward agrees with the reference on
+    # its own trained weights (its forward is right: what training made of its state is not).
+    record = run.taps[plant.model]
+    for pair in pairs:
+        assert_enters(record["init"]["pairs"][pair], None)
+        assert_enters(record["trained"]["pairs"][pair], plant.enters)
+    assert_enters(record["trained"]["pairs"][other], None)
+    assert_enters(record["trained"]["vs_reference"][plant.framework], None)
