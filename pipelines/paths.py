@@ -5,6 +5,7 @@ Lineage (DVC outputs, each stage's published whole):
 - artifacts/init/<model>.safetensors (init: one folder, every model's canonical initial weights);
 - artifacts/<framework>/<model>/ (train_export@<framework>: one output folder per framework, which one process
   of that framework fills, model by model, each model's run folder published at once when it is complete);
+- artifacts/served/ (serve: what the four model servers returned for the validation batch);
 - reports/validation.json (validate), reports/comparison/ (report).
 Not lineage: measurements/ (timings; pipelines/measurements.py) and .rosetta/ (scratch; rosetta_common.io).
 Callers use the functions below, never a path spelled out.
@@ -104,6 +105,22 @@ UNHASHED: tuple[str, ...] = ()
 def unhashed(relative: Path) -> bool:
     """Whether a file of a run folder (path relative to it) is outside the hashed lineage."""
     return any(str(relative).startswith(prefix) for prefix in UNHASHED)
+
+
+# The serve stage's one output folder (pipelines/stages/serve.py): per server, the validation batch's logits as
+# each protocol returned them (<server>/<protocol>.npz, one array per model) and every model's metadata
+# (<server>/metadata.json), and index.json: what was served and the sha256 of every other file of the folder.
+SERVED = ARTIFACTS / "served"
+SERVED_INDEX = SERVED / "index.json"
+SERVED_PROTOCOLS = ("v1", "v2", "grpc")  # V1 REST, V2 REST, V2 gRPC
+
+
+def served_logits(server: str, protocol: str, root: Path = SERVED) -> Path:
+    return root / server / f"{protocol}.npz"
+
+
+def served_metadata(server: str, root: Path = SERVED) -> Path:
+    return root / server / "metadata.json"
 
 
 VALIDATION = REPORTS / "validation.json"

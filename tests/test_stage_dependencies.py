@@ -25,6 +25,10 @@ ROOTS = {"pipelines": REPO, **{p.name: p.parent for p in sorted(REPO.glob("packa
 MEASUREMENT_ONLY = frozenset({"pipelines.measurements", "pipelines.latency"})
 # Imports made by name at run time, which ast cannot see: the framework package a stage loads for its framework.
 RUNTIME_IMPORTS = {"rosetta_common.interface": "rosetta_{framework}"}
+# Modules a stage's code starts as processes of their own, named in a table ast does not read as imports: the model
+# servers of pipelines/serving.py's SERVERS (checked against it below), which the serve stage starts.
+STARTED_MODULES = {"pipelines.serving": ("rosetta_torch.serve", "rosetta_tf.serve", "rosetta_jax.serve",
+                                         "pipelines.serve_onnx")}
 MODULE = re.compile(r"^(pipelines|rosetta_\w+)(\.\w+)*$")
 
 
@@ -84,6 +88,8 @@ def closure(entries: list[str], framework: str | None) -> set[str]:
         if name in MEASUREMENT_ONLY:
             continue
         todo.extend(direct_imports(name))
+        for started in STARTED_MODULES.get(name, ()):
+            todo.extend([*_packages_above(started), started])
         if framework and name in RUNTIME_IMPORTS:
             loaded = RUNTIME_IMPORTS[name].format(framework=framework)
             todo.extend([*_packages_above(loaded), loaded])
@@ -191,3 +197,11 @@ def test_every_module_under_pipelines_is_run_or_imported_by_a_stage():
     ours = {".".join(p.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
             for p in (REPO / "pipelines").rglob("*.py")}
     assert ours - reached == set()
+
+
+def test_the_started_modules_are_the_servers_serving_starts():
+    from pipelines import serving
+
+    assert STARTED_MODULES["pipelines.serving"] == tuple(module for _, module in serving.SERVERS.values())
+    reached = closure(["pipelines.stages.serve"], None)
+    assert {"rosetta_torch.serve", "rosetta_tf.export", "rosetta_jax.serve", "pipelines.serve_onnx"} <= reached

@@ -67,6 +67,14 @@ class Dataset:
         return self.test_images[:size]
 
 
+def batch_sha256(images: np.ndarray) -> str:
+    """The sha256 of a batch's float32 values, C order: how a stage that sent the validation batch elsewhere (the
+    serve stage, to its servers) records which batch it was, and a later stage checks it against its own."""
+    import hashlib
+
+    return hashlib.sha256(np.ascontiguousarray(images, dtype=np.float32).tobytes()).hexdigest()
+
+
 def read_idx(path: str | Path) -> np.ndarray:
     """Read one IDX file (MNIST's format), plain or gzip-compressed; DataError naming the file if it is not one."""
     path = Path(path)

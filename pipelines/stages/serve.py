@@ -1,0 +1,187 @@
+"""Stage `serve`: every exported model behind the four KServe model servers, the validation batch through V1 REST,
+V2 REST and V2 gRPC of each, and what came back, published for the validate stage to judge.
+
+    python -m pipelines.stages.serve [--client pipelines.stages.serve_client]
+
+Runs in the orchestrator's environment, as train_dp does: it starts the servers (pipelines/serving.py: torch, tf
+and jax each in its framework's environment serving its reloaded native export, onnx in the validation
+environment serving `serving.ONNX_FROM`'s model.onnx files under ONNX Runtime) as processes on 127.0.0.1 with free
+ports, waits until every one answers V2 readiness for every model (within READY_SECONDS), runs the client
+(`--client`, in the validation environment: gRPC needs KServe's stubs and grpcio, which the orchestrator lacks),
+stops the servers and publishes `artifacts/served/` whole: per server and protocol the logits of the validation
+batch (<server>/<protocol>.npz), each server's metadata (<server>/metadata.json) and index.json (what was served,
+the batch's sha256, the sha256 of every file). A server that cannot start, is not ready in time or dies is one
+`error:` line naming it, and nothing is published (a previous output stays as it was).
+
+The batch is train_export's own (Dataset.validation_batch of export.validation_batch_size), so validate can
+compare every answer with the logits native_outputs.npz recorded in process. Ports, pids and timings never enter
+the output, which is byte for byte the same on every run; startup and per-request seconds go to
+measurements/stages/serve.json. ROSETTA_RUNTIME=container (each server in its framework's image on a network the
+stage creates) is not implemented yet: the stage refuses it in one line before it starts anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipelines import measurements, paths, serving
+from pipelines.stages import IMPORTS_STARTED, StageError, stage_main
+from rosetta_common.data import batch_sha256, load_prepared
+from rosetta_common.io import read_json, scratch_dir, sha256, staged_outputs, write_json
+from rosetta_common.spec import Spec, load_spec
+
+CLIENT_MODULE = "pipelines.stages.serve_client"
+REPEATS = 3  # timed requests per server, model and protocol; the first answer is the one published
+# How long every server has to be ready: four cold starts at once (three framework imports, every model loaded)
+# took 96 s on 2 cores shared with other jobs (load average near 5), against serving.READY_SECONDS' 120 s.
+READY_SECONDS = 300.0
+
+
+def served_names(spec: Spec) -> tuple[list[str], str]:
+    """The servers to start (each framework of params.yaml, then onnx) and whose model.onnx the ONNX server serves."""
+    onnx_from = serving.ONNX_FROM if serving.ONNX_FROM in spec.frameworks else spec.frameworks[0]
+    return [*spec.frameworks, "onnx"], onnx_from
+
+
+def check_inputs(spec: Spec, names: list[str], onnx_from: str) -> None:
+    """Every run folder a server will serve is there, before any server starts (the servers check the files)."""
+    for name in names:
+        framework = onnx_from if name == "onnx" else name
+        for model in spec.models:
+            run = paths.run_dir(model, framework)
+            if not run.is_dir():
+                raise StageError(f"{run}: missing, so the {name} server cannot serve {model} (run train_export@"
+                                 f"{framework} first)")
+
+
+def run_client(module: str, config: Path, servers: list[serving.Server]) -> None:
+    """The client in the validation environment; a failure is one line: the server that died, if one did (the
+    client's own line then only says it got no answer), else the client's line."""
+    command = [sys.executable, "-m", "pipelines.runner", "validation", "--", "python", "-m", module,
+               str(config)]
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    dead = died(servers, "while serving")
+    if dead:
+        raise dead
+    if result.returncode != 0:
+        lines = [line for line in result.stderr.splitlines() if line.strip()]
+        errors = [line.removeprefix("error: ") for line in lines if line.startswith("error: ")]
+        if not errors:
+            sys.stderr.write(result.stderr)  # a bug of ours: its traceback, above the one line
+        raise StageError(errors[-1] if errors else f"the serving client ({module}) exited with code "
+                         f"{result.returncode}; {lines[-1] if lines else 'no output'}")
+
+
+def died(servers: list[serving.Server], when: str) -> serving.ServingError | None:
+    """A one-line error naming the first server that is no longer running, or None."""
+    for server in servers:
+        code = server.process.poll()
+        if code is not None:
+            return serving.ServingError(f"{server.describe()} {serving.describe_exit(code)} {when}; "
+                                        f"{server.last_words()}")
+    return None
+
+
+def stop_all(servers: list[serving.Server]) -> dict[str, int]:
+    """Stop every server and return the exit codes. One that did not exit cleanly (SIGTERM, exit 0) is a warning
+    naming it, not an error: every answer was in by then (the torch server, its last line "stopped: torch
+    server", once still had to be killed after serving.STOP_SECONDS on a loaded machine)."""
+    codes = serving.stop(servers)
+    for server in servers:
+        if codes[server.name] != 0:
+            print(f"warning: {server.describe()} {serving.describe_exit(codes[server.name])} when stopped "
+                  f"(SIGTERM); {server.last_words()}", file=sys.stderr, flush=True)
+    return codes
+
+
+def index(spec: Spec, names: list[str], onnx_from: str, batch: np.ndarray, out: Path) -> dict[str, Any]:
+    """index.json: what was served, on which batch, and the sha256 of every other file of the folder."""
+    return {
+        "servers": {name: {"environment": serving.SERVERS[name][0], "module": serving.SERVERS[name][1],
+                           "serves": str(paths.framework_dir(onnx_from if name == "onnx" else name))}
+                    for name in names},
+        "onnx_from": onnx_from,
+        "models": list(spec.models),
+        "protocols": list(paths.SERVED_PROTOCOLS),
+        "batch": {"shape": list(batch.shape), "dtype": "float32", "sha256": batch_sha256(batch)},
+        "sha256": {p.relative_to(out).as_posix(): sha256(p) for p in sorted(out.rglob("*")) if p.is_file()},
+    }
+
+
+def request_figures(timings: dict[str, Any]) -> dict[str, Any]:
+    """Per server, protocol and model: the first (cold) request's seconds and the median of the others."""
+    return {name: {protocol: {model: {"first_seconds": round(seconds[0], 6),
+                                      "median_seconds": round(statistics.median(seconds[1:] or seconds), 6)}
+                              for model, seconds in models.items()}
+                   for protocol, models in protocols.items()}
+            for name, protocols in timings.items()}
+
+
+def main(argv: list[str]) -> int:
+    clock = measurements.StageClock("serve", IMPORTS_STARTED)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    # dvc.yaml names the client's module in the command, so that the command says every module the stage runs.
+    parser.add_argument("--client", default=CLIENT_MODULE, help="the module that sends the requests")
+    args = parser.parse_args(argv)
+    runtime = os.environ.get("ROSETTA_RUNTIME", "local")
+    if runtime != "local":
+        raise StageError(f"ROSETTA_RUNTIME={runtime}: the serve stage runs its servers as processes on 127.0.0.1 "
+                         "only; serving from containers is not implemented yet (allowed: local)")
+    spec = load_spec(paths.PARAMS)
+    data = load_prepared(paths.PREPARED)
+    batch = data.validation_batch(spec.export.validation_batch_size)  # train_export's batch, the same call
+    names, onnx_from = served_names(spec)
+    check_inputs(spec, names, onnx_from)
+    clock.lap("inputs")
+    work = scratch_dir(paths.SERVED, "serve")
+    logs = work / "logs"  # kept after a failure: the error line points into it
+    shutil.rmtree(logs, ignore_errors=True)
+    scratch = Path(tempfile.mkdtemp(prefix="client.", dir=work))
+    try:
+        with staged_outputs(paths.SERVED) as out:
+            np.save(scratch / "batch.npy", batch)
+            started = time.perf_counter()
+            servers = serving.start(names, paths.ARTIFACTS, list(spec.models), onnx_from=onnx_from, log_dir=logs)
+            try:
+                clock.lap("start")
+                serving.wait_ready(servers, list(spec.models), READY_SECONDS)
+                ready_seconds = time.perf_counter() - started
+                clock.lap("ready")
+                print(f"serve: {', '.join(names)} ready in {ready_seconds:.1f} s (onnx serves {onnx_from}'s "
+                      f"model.onnx); sending the validation batch ({len(batch)} images) through "
+                      f"{', '.join(paths.SERVED_PROTOCOLS)}", flush=True)
+                config = {"servers": {s.name: {"url": s.url, "grpc": s.grpc_target} for s in servers},
+                          "models": list(spec.models), "batch": str(scratch / "batch.npy"),
+                          "out": str(out.resolve()), "timings": str(scratch / "timings.json"), "repeats": REPEATS}
+                write_json(scratch / "config.json", config)
+                run_client(args.client, scratch / "config.json", servers)
+                clock.lap("requests")
+            except BaseException:
+                serving.stop(servers)  # quietly: the error that brought us here is the one line to print
+                raise
+            stopped = stop_all(servers)
+            clock.lap("stop")
+            write_json(out / paths.SERVED_INDEX.name, index(spec, names, onnx_from, batch, out))
+        timings = read_json(scratch / "timings.json")
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    measurements.write_stage(clock.record(servers=names, onnx_from=onnx_from, ready_seconds=round(ready_seconds, 4),
+                                          stop_exit_codes=stopped, requests=request_figures(timings)))
+    print(f"serve: {len(names)} servers x {len(spec.models)} models x {len(paths.SERVED_PROTOCOLS)} protocols "
+          f"-> {paths.SERVED}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    stage_main(main)

@@ -1,0 +1,120 @@
+"""The serve stage's client: the validation batch through V1 REST, V2 REST and V2 gRPC of every running server,
+for every model, and each model's V2 metadata over REST and gRPC, written where the stage publishes them.
+
+    python -m pipelines.runner validation -- python -m pipelines.stages.serve_client <config.json>
+
+Started by pipelines/stages/serve.py once every server is ready (it names this module in dvc.yaml's command);
+never run by DVC itself. It runs in the validation environment because gRPC needs KServe's generated stubs and
+grpcio, which only the serving environments hold (the orchestrator, which starts and stops the servers, has
+neither); REST goes through the same pipelines.serving_client.
+
+The config (written by the stage): {"servers": {name: {"url": REST base, "grpc": host:port}}, "models": [...],
+"batch": a .npy of the validation batch, "out": the folder being published, "timings": a JSON file outside it,
+"repeats": how many timed requests per model and protocol}. Writes `<out>/<server>/<protocol>.npz` (one float32
+array per model, the first answer: np.savez, no pickle) and `<out>/<server>/metadata.json`; request latencies go
+to `timings` (measurements, never into `out`). A request that fails is one line `error: the <server> server:
+<protocol> <model>: ...` and exit 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import urllib.error
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipelines import paths, serving_client
+from rosetta_common.io import read_json, write_json
+
+
+class ClientError(Exception):
+    """A request that got no usable answer; the message names the server, the protocol and the model."""
+
+
+def grpc_metadata(stub: Any, model: str) -> dict[str, Any]:
+    """V2 model metadata over gRPC, as the REST answer spells it (name, versions, platform, inputs, outputs)."""
+    from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
+
+    meta = serving_client.grpc_call(stub.ModelMetadata, pb.ModelMetadataRequest(name=model))
+    return {"name": meta.name, "versions": list(meta.versions), "platform": meta.platform,
+            "inputs": [{"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in meta.inputs],
+            "outputs": [{"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in meta.outputs]}
+
+
+def timed(call: Any, repeats: int) -> tuple[Any, list[float]]:
+    """The first answer of `call()` and the seconds each of `repeats` calls took."""
+    first, seconds = None, []
+    for i in range(repeats):
+        started = time.perf_counter()
+        answer = call()
+        seconds.append(time.perf_counter() - started)
+        if i == 0:
+            first = answer
+    return first, seconds
+
+
+def serve_one(name: str, server: dict[str, str], models: list[str], batch: np.ndarray, out: Path,
+              repeats: int) -> dict[str, dict[str, list[float]]]:
+    """Every model of one server through every protocol; returns each request's seconds (protocol -> model)."""
+    stub = serving_client.grpc_stub(server["grpc"])
+    senders = {
+        "v1": lambda model: serving_client.predict_v1(server["url"], model, batch),
+        "v2": lambda model: serving_client.infer_v2(server["url"], model, batch),
+        "grpc": lambda model: serving_client.infer_grpc(server["grpc"], model, batch, stub),
+    }
+    assert tuple(senders) == paths.SERVED_PROTOCOLS
+    seconds: dict[str, dict[str, list[float]]] = {}
+    metadata: dict[str, Any] = {}
+    for protocol, send in senders.items():
+        logits = {}
+        for model in models:
+            try:
+                logits[model], seconds.setdefault(protocol, {})[model] = timed(lambda m=model, s=send: s(m), repeats)
+            except serving_client.RequestFailed as error:
+                raise ClientError(f"the {name} server: {protocol} {model}: refused ({error})") from None
+            except (urllib.error.URLError, OSError) as error:  # refused or reset: the server went away
+                raise ClientError(f"the {name} server: {protocol} {model}: no answer "
+                                  f"({getattr(error, 'reason', error)})") from None
+        path = paths.served_logits(name, protocol, out)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "wb") as f:
+            np.savez(f, **logits)
+    for model in models:
+        try:
+            rest = serving_client.metadata(server["url"], model)
+            metadata[model] = {"rest": rest, "grpc": grpc_metadata(stub, model)}
+        except serving_client.RequestFailed as error:
+            raise ClientError(f"the {name} server: metadata {model}: refused ({error})") from None
+        except (urllib.error.URLError, OSError) as error:
+            raise ClientError(f"the {name} server: metadata {model}: no answer "
+                              f"({getattr(error, 'reason', error)})") from None
+    write_json(paths.served_metadata(name, out), metadata)
+    return seconds
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    # Positional: importing kserve parses the command line itself (its ModelServer's options, abbreviations
+    # allowed), and took an option "--config" for its own "--configure_logging".
+    parser.add_argument("config", type=Path, help="written by pipelines/stages/serve.py")
+    args = parser.parse_args(argv)
+    config = read_json(args.config)
+    batch = np.load(config["batch"], allow_pickle=False)
+    out = Path(config["out"])
+    timings = {}
+    try:
+        for name, server in config["servers"].items():
+            timings[name] = serve_one(name, server, config["models"], batch, out, int(config["repeats"]))
+    except ClientError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    write_json(config["timings"], timings)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
