@@ -53,6 +53,12 @@ DP_STEP1_LOSS_REL = "dp_step1_loss_rel"
 DP_LOCKSTEP_LOSS_REL = "dp_lockstep_loss_rel"
 DP_TEST_LOSS_REL = "dp_test_loss_rel"
 DP_TEST_ACCURACY_POINTS = "dp_test_accuracy_points"
+# The model servers' answers (pipelines/checks/serving.py), each logits check per protocol: "<check>_<protocol>".
+SERVED_READABLE = "served_readable"
+SERVED_NATIVE_VS_IN_PROCESS = "served_native_vs_in_process"
+SERVED_ONNX_VS_IN_PROCESS = "served_onnx_vs_in_process"
+SERVED_ONNX_VS_NATIVE = "served_onnx_vs_native"
+SERVED_METADATA_IDENTICAL = "served_metadata_identical"
 
 
 @dataclass(frozen=True)
@@ -100,6 +106,10 @@ def inference_mode(export: str) -> str:
 
 def statistic_check(statistic: str) -> str:
     return f"{statistic}_rel"
+
+
+def served(check: str, protocol: str) -> str:
+    return f"{check}_{protocol}"
 
 
 class CheckError(RosettaError):

@@ -17,7 +17,10 @@ Checks, each with an explicit tolerance from params.yaml:
   reference's (init_taps_vs_reference), taps pairwise and after training as figures, and every failing forward,
   ONNX-vs-native and lockstep check naming the first tap over its tolerance;
 - with data_parallel.workers > 1: each framework's data-parallel run against its single-process run and the
-  data-parallel runs pairwise.
+  data-parallel runs pairwise;
+- per model, what the model servers answered (the serve stage's artifacts/served/, pipelines/checks/serving.py):
+  every server through V1 REST, V2 REST and V2 gRPC bit for bit against the same export run in process, the ONNX
+  server against its framework's server, the metadata identical on every server; across frameworks, figures.
 The checks live in pipelines/checks/ (one module per kind); this is the stage's entry point. Writes
 reports/validation.json (each check's measured figure under `value`) and exits non-zero naming each failing check.
 """
@@ -35,6 +38,7 @@ from pipelines.checks.integrity import intact
 from pipelines.checks.ledger import ARTIFACTS_READABLE, Ledger
 from pipelines.checks.parity import running_statistics, training_parity
 from pipelines.checks.replicates import read_replicates, replicate_figures
+from pipelines.checks.serving import read_served, serving_checks
 from pipelines.checks.taps import localize, tap_figures, taps_record
 from pipelines.stages import IMPORTS_STARTED, stage_main
 from rosetta_common.data import load_prepared
@@ -53,6 +57,8 @@ def main(argv: list[str]) -> int:
     parity: list[dict[str, Any]] = []
     statistics: list[dict[str, Any]] = []
     tap_records: list[dict[str, Any]] = []
+    served = read_served(batch)  # the serve stage's folder, checked as a whole once
+    serving: list[dict[str, Any]] = []
     measured: list[dict[str, Any]] = []  # test figures this stage computed from each run's artifacts
     judged: set[tuple[str, str]] = set()  # (model, framework) runs whose files are the ones their figures came from
     for arch in spec.models:
@@ -78,6 +84,7 @@ def main(argv: list[str]) -> int:
         parity += figures
         parting = {f["frameworks"]: f["parting_step"] for f in figures}
         statistics += running_statistics(spec, ledger, arch, trained, runs, parting)
+        serving.append(serving_checks(spec, ledger, arch, runs, batch, config, served))
         # Last: every check the taps explain is in the ledger, so each failing one can name its first tap.
         taps = tap_figures(ledger, arch, config, list(runs), batch, load_weights(paths.init_weights(arch), config),
                            trained, spec.tolerances.forward_parity_abs)
@@ -96,6 +103,7 @@ def main(argv: list[str]) -> int:
         "taps": tap_records,
         "runs": measured,
         "data_parallel": data_parallel,
+        "serving": serving,
         "summary": {"checks": len(ledger.checks), "failed": len(failures)},
     }
     write_json(paths.VALIDATION, report)
