@@ -306,3 +306,49 @@ def data_parallel(inputs: Inputs) -> list[dict[str, Any]]:
                               bool(row["passed"]) if row else None)
         table.append({"model": fig["model"], "pair": fig["runs"], "workers": fig.get("workers"), "cells": cells})
     return table
+
+
+SERVED_PROTOCOLS = ("v1", "v2", "grpc")  # pipelines.paths.SERVED_PROTOCOLS
+
+
+def _worst(rows: list[dict[str, Any]]) -> Cell | None:
+    """The worst of several judged rows (protocols) as one cell: the largest value, passed if every one did."""
+    if not rows:
+        return None
+    worst = max(rows, key=lambda r: math.inf if r.get("value") is None else r["value"])
+    return Cell(worst.get("value"), worst.get("tolerance"), all(r.get("passed") for r in rows))
+
+
+def serving(inputs: Inputs) -> list[tuple[str, dict[str, Cell | None]]]:
+    """The serving checks as rows of model -> cell (reports/validation.json, pipelines/checks/serving.py), the
+    worst protocol of each: every server against the same export in process, the ONNX server against its
+    framework's server, the metadata of every server, the served folder."""
+    records = [r for r in (inputs.validation or {}).get("serving", []) if isinstance(r, dict)]
+    if not records:
+        return []
+    by_model = {m: {(r["framework"], r["check"]): r for r in check_rows(inputs, m)} for m in inputs.models}
+
+    def judged(subject: str, check: str, protocols: bool = True) -> dict[str, Cell | None]:
+        names = [ledger.served(check, p) for p in SERVED_PROTOCOLS] if protocols else [check]
+        return {m: _worst([rows[(subject, n)] for n in names if (subject, n) in rows]) for m, rows in by_model.items()}
+
+    source = next((r.get("onnx_from") for r in records if r.get("onnx_from")), None)
+    table = [(f"{fw} server vs in process", judged(fw, ledger.SERVED_NATIVE_VS_IN_PROCESS))
+             for fw in inputs.frameworks]
+    if source:
+        table += [("onnx server vs in process", judged(source, ledger.SERVED_ONNX_VS_IN_PROCESS)),
+                  (f"onnx server vs {source} server", judged(source, ledger.SERVED_ONNX_VS_NATIVE))]
+    table += [("metadata: servers that differ", judged("servers", ledger.SERVED_METADATA_IDENTICAL, False)),
+              ("served folder: problems", judged("servers", ledger.SERVED_READABLE, False))]
+    return table
+
+
+def serving_pairs(inputs: Inputs) -> list[tuple[str, dict[str, dict[str, Any]]]]:
+    """The framework servers' answers pairwise, as rows of model -> figures: figures only
+    (pipelines/checks/serving.py says why)."""
+    pairs: dict[str, dict[str, dict[str, Any]]] = {}
+    for record in (inputs.validation or {}).get("serving", []):
+        if isinstance(record, dict):
+            for pair, figures in record.get("across_frameworks", {}).items():
+                pairs.setdefault(pair, {})[record.get("model")] = figures
+    return list(pairs.items())

@@ -178,6 +178,15 @@ def sections(inputs: Inputs, variant: str) -> list[Section]:
             [Group("", [tables.data_parallel(inputs)])],
         ),
         Section(
+            "serving",
+            "Serving",
+            "The serve stage: each framework's native export behind its KServe model server (torch: model.pt2, tf: "
+            "the SavedModel, jax: the jax.export artifact) and one model.onnx behind ONNX Runtime's, on 127.0.0.1; "
+            "the validation batch through V1 REST, V2 REST and V2 gRPC. Startup and request latencies are "
+            "measurements (measurements/stages/serve.json).",
+            [Group("", [tables.serving(inputs), tables.serving_pairs(inputs)])],
+        ),
+        Section(
             "onnx",
             "ONNX files",
             "What torch.onnx, tf2onnx and jax2onnx each emit for the same model: the files, the form a recurrent "

@@ -366,3 +366,32 @@ def taps(inputs: Inputs, model: str) -> Table | None:
                  note=f"Tolerance {tolerance:.0e} (tolerances.forward_parity_abs) for every tap. Trained taps are "
                       "figures only: each framework against the reference on its own trained weights, and pairwise "
                       "(trained runs part once they leave lockstep).")
+
+
+def serving(inputs: Inputs) -> Table:
+    """What the model servers answered (the serve stage), against the same export run in process."""
+    rows = [Row([text(label), *(_judged(c) if c else text(MISSING) for c in (cells.get(m) for m in inputs.models))])
+            for label, cells in analysis.serving(inputs)]
+    columns = _columns("", *inputs.models)
+    note = ("The worst of V1 REST, V2 REST and V2 gRPC: the max abs difference of each server's answer to the "
+            "validation batch from the same export run in process (torch, tf, jax: native_outputs.npz's record of "
+            "the export the server runs; onnx: the validate stage's own ONNX Runtime session), required bit for "
+            "bit; the ONNX server against its framework's server within onnx_vs_native's bound plus "
+            "native_roundtrip's; every server's V2 model metadata, over REST and gRPC, identical.")
+    return Table("Served logits", columns, rows, note=note,
+                 empty="No serving figures (reports/validation.json has no 'serving' section).")
+
+
+def serving_pairs(inputs: Inputs) -> Table:
+    def figure(found: dict[str, Any] | None) -> Cell:
+        if not found:
+            return text(MISSING)
+        return cell(found.get("max_abs"), "sci", sub=f"{fmt(found.get('argmax_differ'), 'int')} classified differently")
+
+    rows = [Row([text(pair), *(figure(models.get(m)) for m in inputs.models)])
+            for pair, models in analysis.serving_pairs(inputs)]
+    note = ("Figures, not checks: max abs difference of two framework servers' answers, and the images they "
+            "classify differently. Each framework serves its own trained model, and trained models differ by more "
+            "than the forward tolerance (training parity judges that); what the servers add is bounded at 0 above.")
+    return Table("Served logits across frameworks", _columns("servers", *inputs.models), rows, note=note,
+                 empty="No serving figures.")
