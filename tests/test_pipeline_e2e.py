@@ -23,7 +23,8 @@ from support import MODELS, TINY, VALIDATE, TinyRun, ran_stages, sh
 
 FRAMEWORKS = ["torch", "tf", "jax"]
 PAIRS = ["torch|tf", "torch|jax", "tf|jax"]
-STAGES = {"data", "init", "validate", "report"} | {f"{s}@{f}" for f in FRAMEWORKS for s in ("train_export", "train_dp")}
+STAGES = {"data", "init", "serve", "validate", "report"} | {
+    f"{s}@{f}" for f in FRAMEWORKS for s in ("train_export", "train_dp")}
 # What a train_export stage publishes for each model, and nothing else: one run folder per model.
 RUN_FILES = {
     "trained.safetensors",
@@ -275,10 +276,10 @@ def edit_reruns(tiny_pipeline: TinyRun, framework: str) -> set[str]:
 
 
 def assert_reruns_only(ran: set[str], framework: str) -> None:
-    """Its own stages (train_export, and train_dp, which trains with the same package), and what lies downstream of
-    them (validate and report, unless the rerun's output is byte for byte the previous one, as after a comment: then
-    only report, which shows the package's models.py)."""
-    own = {f"train_export@{framework}", f"train_dp@{framework}"}
+    """Its own stages (train_export, and train_dp, which trains with the same package), serve (whose framework server
+    runs the same package), and what lies downstream of them (validate and report, unless the rerun's output is byte
+    for byte the previous one, as after a comment: then only report, which shows the package's models.py)."""
+    own = {f"train_export@{framework}", f"train_dp@{framework}", "serve"}
     assert f"train_export@{framework}" in ran and ran <= own | {"validate", "report"}, ran
 
 

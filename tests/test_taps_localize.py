@@ -93,13 +93,22 @@ TRAINED_PLANTS = [
           also=(("packages/torch_impl/src/rosetta_torch/models.py",
                  "        self.lstm.bias_hh_l0.requires_grad_(False)\n", ""),)),
 ]
+# A mapping wrong only on the way out of a framework: its trained model is right, its trained canonical file is
+# not. Named at the first tap where the framework's trained taps leave the reference run on that file.
+EXPORT_PLANTS = [
+    # Keras' (2, 3h) GRU bias read with its rows exchanged (the input bias taken for the recurrent one): the init
+    # biases are zero, so loading them is unaffected, and Keras trains its own layout correctly.
+    Plant("tf-gru-bias-rows-exchanged", "tf", "gru", "packages/tf_impl/src/rosetta_tf/weights.py",
+          'GRU_BIAS_ROWS = {"input_bias": 0, "recurrent_bias": 1}',
+          'GRU_BIAS_ROWS = {"input_bias": 1, "recurrent_bias": 0}', "gru.hidden"),
+]
 LOCKSTEP_KEPT = {"torch-resnet-batchnorm-momentum"}  # the trained plants whose training losses do not change
 # One validate run per round: plants of different models share one (and a framework's plants one train_export).
 # Three rounds, as few as there can be: ResNet and attention have three plants each.
 ROUNDS = [["torch-resnet-symmetric-padding", "jax-attention-tanh-gelu", "torch-lstm-gate-order"],
           ["tf-resnet-batchnorm-epsilon", "torch-attention-query-kernel-transposed", "torch-lstm-bias-counted-twice"],
-          ["torch-resnet-batchnorm-momentum", "torch-attention-scale"]]
-BY_ID = {p.id: p for p in [*PLANTS, *TRAINED_PLANTS]}
+          ["torch-resnet-batchnorm-momentum", "torch-attention-scale", "tf-gru-bias-rows-exchanged"]]
+BY_ID = {p.id: p for p in [*PLANTS, *TRAINED_PLANTS, *EXPORT_PLANTS]}
 ROUND_OF = {plant: i for i, ids in enumerate(ROUNDS) for plant in ids}
 # The checks that compare the planted framework's forward with the reference or another framework's at init,
 # and the lockstep checks, which the init taps explain: each must fail and name the planted tap.
@@ -244,3 +253,24 @@ def test_validate_names_the_first_divergent_trained_tap_of_a_mistake_only_traini
         assert_enters(record["trained"]["pairs"][pair], plant.enters)
     assert_enters(record["trained"]["pairs"][other], None)
     assert_enters(record["trained"]["vs_reference"][plant.framework], None)
+
+
+@pytest.mark.parametrize("plant", EXPORT_PLANTS, ids=lambda p: p.id)
+def test_validate_names_the_first_tap_a_wrong_trained_file_leaves_its_framework_at(plant: Plant,
+                                                                                 validated: Any) -> None:
+    run = validated(plant)
+    assert run.returncode != 0, run.output
+    own = [r for r in run.rows if r["model"] == plant.model]
+    # Nothing of the init forward changes.
+    for check in INIT_FORWARD:
+        rows = [r for r in own if r["check"] == check]
+        assert len(rows) >= 3 and all(r["passed"] for r in rows), rows
+    # The planted framework's trained file is not its trained model, and the check says at which layer; the other
+    # frameworks' files are theirs.
+    rows = {r["framework"]: r for r in own if r["check"] == names.TRAINED_WEIGHTS_VS_NATIVE}
+    assert set(rows) == {"torch", "tf", "jax"}, rows
+    assert not rows[plant.framework]["passed"], rows[plant.framework]
+    assert f"first divergent tap {plant.enters} " in rows[plant.framework]["detail"], rows[plant.framework]
+    assert all(row["passed"] for fw, row in rows.items() if fw != plant.framework), rows
+    record = run.taps[plant.model]["trained"]["vs_reference"]
+    assert_enters(record[plant.framework], plant.enters)

@@ -23,8 +23,9 @@ MIN_TEST_ACCURACY = "min_test_accuracy"
 ONNX_CHECKER_PREFIX = "onnx_checker_"  # + "model" / "init"
 NATIVE_ROUNDTRIP_PREFIX = "native_roundtrip_"  # + the native format
 INFERENCE_MODE_PREFIX = "inference_mode_"  # + "onnx_model", "onnx_init", "native_<format>"
-# One model's forward pass (pipelines/checks/parity.py).
+# One model's forward pass (pipelines/checks/forward.py).
 INIT_ONNX_VS_REFERENCE = "init_onnx_vs_reference"
+TRAINED_WEIGHTS_VS_NATIVE = "trained_weights_vs_native"  # the trained canonical file, run by the reference
 FORWARD_PARITY_INIT_ONNX = "forward_parity_init_onnx"
 # One framework's per-layer taps of the init forward against the float64 reference (pipelines/checks/taps.py).
 INIT_TAPS_VS_REFERENCE = "init_taps_vs_reference"
@@ -46,7 +47,8 @@ END_OF_TRAINING_PAIR = (TEST_LOSS_REL, TEST_ACCURACY_POINTS, PREDICTION_DISAGREE
 # The checks whose failure names, in its detail, the first tap over its tolerance (pipelines/checks/taps.py
 # localize), and which the report links to its per-layer taps figure.
 TAP_LOCALIZED = (INIT_ONNX_VS_REFERENCE, FORWARD_PARITY_INIT_ONNX, ONNX_VS_NATIVE, INIT_ONNX_VS_NATIVE,
-                 TRAIN_STEP1_LOSS_REL, TRAIN_LOCKSTEP_LOSS_REL, INIT_TAPS_VS_REFERENCE, *END_OF_TRAINING_PAIR)
+                 TRAINED_WEIGHTS_VS_NATIVE, TRAIN_STEP1_LOSS_REL, TRAIN_LOCKSTEP_LOSS_REL, INIT_TAPS_VS_REFERENCE,
+                 *END_OF_TRAINING_PAIR)
 # Data-parallel runs (pipelines/checks/data_parallel.py).
 DP_RUN_READABLE = "dp_run_readable"
 DP_STEP1_LOSS_REL = "dp_step1_loss_rel"

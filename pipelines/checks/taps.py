@@ -135,6 +135,17 @@ def where_it_parts(check: Check, figures: Mapping[str, Any]) -> str | None:
     """The tap a failing check's difference enters at, in words (None: not a check the taps explain, or no taps
     of its subject were read)."""
     init, trained = figures["init"], figures["trained"]
+    if check.name == names.TRAINED_WEIGHTS_VS_NATIVE:
+        # The trained taps against the reference run on the trained canonical file: where the file stops being
+        # the model the framework trained (the first layer a mapping of its weights got wrong).
+        comparison = trained["vs_reference"].get(check.subject)
+        if comparison is None:
+            return None
+        if comparison.first is None:
+            return (f"{check.subject}'s native trained taps all agree with the float64 reference on its trained "
+                    f"canonical weights (within {comparison.tolerance:.0e})")
+        return (f"{check.subject}'s native trained taps leave the float64 reference on its trained canonical "
+                f"weights at: {comparison.says()}")
     if check.name in (names.INIT_ONNX_VS_REFERENCE, names.INIT_ONNX_VS_NATIVE, names.ONNX_VS_NATIVE):
         kind = trained if check.name == names.ONNX_VS_NATIVE else init
         comparison = kind["vs_reference"].get(check.subject)

@@ -33,7 +33,7 @@ from typing import Any
 from pipelines import measurements, paths
 from pipelines.checks.data_parallel import data_parallel_parity
 from pipelines.checks.exports import check_framework
-from pipelines.checks.forward import forward_parity
+from pipelines.checks.forward import forward_parity, trained_weights_vs_native
 from pipelines.checks.integrity import intact
 from pipelines.checks.ledger import ARTIFACTS_READABLE, Ledger
 from pipelines.checks.parity import running_statistics, training_parity
@@ -81,6 +81,7 @@ def main(argv: list[str]) -> int:
                      for fw, run in runs.items()]
         forward_parity(spec, ledger, arch, runs, batch, config)
         figures, trained = training_parity(spec, ledger, arch, runs, data, config)
+        trained_weights_vs_native(spec, ledger, arch, trained, batch, config)
         parity += figures
         parting = {f["frameworks"]: f["parting_step"] for f in figures}
         statistics += running_statistics(spec, ledger, arch, trained, runs, parting)
