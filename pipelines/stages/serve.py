@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -128,8 +129,15 @@ def request_figures(timings: dict[str, Any]) -> dict[str, Any]:
             for name, protocols in timings.items()}
 
 
+def interrupted(signum: int, frame: object) -> None:
+    """SIGTERM (DVC stopping the stage, a test's kill) unwinds as Ctrl-C does, so the servers are stopped on the
+    way out rather than left running; only a SIGKILL leaves them, each on its own free port."""
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str]) -> int:
     clock = measurements.StageClock("serve", IMPORTS_STARTED)
+    signal.signal(signal.SIGTERM, interrupted)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     # dvc.yaml names the client's module in the command, so that the command says every module the stage runs.
     parser.add_argument("--client", default=CLIENT_MODULE, help="the module that sends the requests")
