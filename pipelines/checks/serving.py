@@ -28,6 +28,9 @@ tolerance even where the runs stay in lockstep (digits, 10 epochs: mlp torch|jax
 whose runs part at step 37, 0.78), so no float32 bound holds for them; whatever the servers add to that
 difference is what the checks above bound, at 0.
 
+Where the serve stage served nothing and said why (its off.json: the container runtime, for now), no serving check
+is made and validation.json's "serving" records why, as with data-parallel training switched off.
+
 Checks of a framework's server (its subject: that framework) are made only for a run that is judged (intact, see
 integrity.py), like every other check of that run; the ONNX server's are the framework's whose model.onnx it
 serves."""
@@ -69,6 +72,7 @@ class Served:
     problems: list[str] = field(default_factory=list)  # the folder's own: every model's served_readable fails
     logits: dict[str, dict[str, dict[str, np.ndarray]]] = field(default_factory=dict)  # server -> protocol -> model
     metadata: dict[str, dict[str, Any]] = field(default_factory=dict)  # server -> model -> {"rest", "grpc"}
+    off: str | None = None  # why nothing was served (the serve stage's off.json), or None
 
     @property
     def servers(self) -> list[str]:
@@ -83,6 +87,13 @@ def read_served(batch: np.ndarray) -> Served:
     """The served folder, checked as a whole (index, hashes, batch); what it holds, loaded."""
     served = Served()
     root, index_path = paths.SERVED, paths.SERVED_INDEX
+    if paths.SERVED_OFF.is_file() and not index_path.exists():
+        try:
+            served.off = str(json.loads(paths.SERVED_OFF.read_text())["why"])
+            return served
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            served.problems.append(f"{paths.SERVED_OFF}: unreadable ({type(error).__name__}: {error})")
+            return served
     try:
         served.index = json.loads(index_path.read_text())
         recorded = served.index["sha256"]
@@ -182,6 +193,8 @@ def metadata_problems(served: Served, arch: str, config: ModelConfig) -> list[st
 def serving_checks(spec: Spec, ledger: Ledger, arch: str, runs: dict[str, dict[str, Any]], batch: np.ndarray,
                    config: ModelConfig, served: Served) -> dict[str, Any]:
     """Every serving check of one model (see the module's docstring), and its figures for validation.json."""
+    if served.off is not None:
+        return {"model": arch, "off": served.off}  # the serve stage says why it served nothing; nothing to judge
     tol = spec.tolerances
     record: dict[str, Any] = {"model": arch, "onnx_from": served.onnx_from, "servers": {}, "onnx_vs_native": {},
                               "across_frameworks": {}}

@@ -323,9 +323,9 @@ def serving(inputs: Inputs) -> list[tuple[str, dict[str, Cell | None]]]:
     """The serving checks as rows of model -> cell (reports/validation.json, pipelines/checks/serving.py), the
     worst protocol of each: every server against the same export in process, the ONNX server against its
     framework's server, the metadata of every server, the served folder."""
-    records = [r for r in (inputs.validation or {}).get("serving", []) if isinstance(r, dict)]
+    records = [r for r in (inputs.validation or {}).get("serving", []) if isinstance(r, dict) and not r.get("off")]
     if not records:
-        return []
+        return []  # none, or the serve stage served nothing (serving_off says why)
     by_model = {m: {(r["framework"], r["check"]): r for r in check_rows(inputs, m)} for m in inputs.models}
 
     def judged(subject: str, check: str, protocols: bool = True) -> dict[str, Cell | None]:
@@ -341,6 +341,14 @@ def serving(inputs: Inputs) -> list[tuple[str, dict[str, Cell | None]]]:
     table += [("metadata: servers that differ", judged("servers", ledger.SERVED_METADATA_IDENTICAL, False)),
               ("served folder: problems", judged("servers", ledger.SERVED_READABLE, False))]
     return table
+
+
+def serving_off(inputs: Inputs) -> str | None:
+    """Why the serve stage served nothing (its off.json, as validate recorded it), or None."""
+    for record in (inputs.validation or {}).get("serving", []):
+        if isinstance(record, dict) and record.get("off"):
+            return str(record["off"])
+    return None
 
 
 def serving_pairs(inputs: Inputs) -> list[tuple[str, dict[str, dict[str, Any]]]]:

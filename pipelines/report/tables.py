@@ -378,8 +378,10 @@ def serving(inputs: Inputs) -> Table:
             "the export the server runs; onnx: the validate stage's own ONNX Runtime session), required bit for "
             "bit; the ONNX server against its framework's server within onnx_vs_native's bound plus "
             "native_roundtrip's; every server's V2 model metadata, over REST and gRPC, identical.")
+    off = analysis.serving_off(inputs)
     return Table("Served logits", columns, rows, note=note,
-                 empty="No serving figures (reports/validation.json has no 'serving' section).")
+                 empty=f"Not served: {off}." if off else "No serving figures (reports/validation.json has no "
+                 "'serving' section).")
 
 
 def serving_pairs(inputs: Inputs) -> Table:

@@ -17,7 +17,8 @@ The batch is train_export's own (Dataset.validation_batch of export.validation_b
 compare every answer with the logits native_outputs.npz recorded in process. Ports, pids and timings never enter
 the output, which is byte for byte the same on every run; startup and per-request seconds go to
 measurements/stages/serve.json. ROSETTA_RUNTIME=container (each server in its framework's image on a network the
-stage creates) is not implemented yet: the stage refuses it in one line before it starts anything.
+stage creates) is not implemented yet: there the stage publishes only off.json saying so (as train_dp does when it
+is off), and validate judges no served logits, saying why.
 """
 
 from __future__ import annotations
@@ -43,6 +44,10 @@ from rosetta_common.io import read_json, scratch_dir, sha256, staged_outputs, wr
 from rosetta_common.spec import Spec, load_spec
 
 CLIENT_MODULE = "pipelines.stages.serve_client"
+# Why the container runtime serves nothing yet: each server would run in its framework's image on a network the
+# stage creates, but the servers bind 127.0.0.1 only (rosetta_common.serving.HOST), which no other container reaches.
+CONTAINER_WHY = ("ROSETTA_RUNTIME=container: serving from containers is not implemented yet (the servers listen on "
+                 "127.0.0.1 only); run the serve stage with ROSETTA_RUNTIME=local")
 REPEATS = 3  # timed requests per server, model and protocol; the first answer is the one published
 # How long every server has to be ready: four cold starts at once (three framework imports, every model loaded)
 # took 96 s on 2 cores shared with other jobs (load average near 5), against serving.READY_SECONDS' 120 s.
@@ -143,10 +148,16 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--client", default=CLIENT_MODULE, help="the module that sends the requests")
     args = parser.parse_args(argv)
     runtime = os.environ.get("ROSETTA_RUNTIME", "local")
-    if runtime != "local":
-        raise StageError(f"ROSETTA_RUNTIME={runtime}: the serve stage runs its servers as processes on 127.0.0.1 "
-                         "only; serving from containers is not implemented yet (allowed: local)")
+    if runtime not in ("local", "container"):
+        raise StageError(f"ROSETTA_RUNTIME={runtime}: not a runtime; allowed: local, container")
     spec = load_spec(paths.PARAMS)
+    if runtime == "container":
+        # As train_dp publishes off.json when it is off: validate then judges no served logits and says why, and the
+        # rest of a container run goes on.
+        with staged_outputs(paths.SERVED) as out:
+            write_json(out / paths.SERVED_OFF.name, {"runtime": runtime, "why": CONTAINER_WHY})
+        print(f"serve: off ({CONTAINER_WHY})", flush=True)
+        return 0
     data = load_prepared(paths.PREPARED)
     batch = data.validation_batch(spec.export.validation_batch_size)  # train_export's batch, the same call
     names, onnx_from = served_names(spec)
