@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import kserve
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -26,6 +25,8 @@ import onnxruntime as ort
 from rosetta_common import serving
 from rosetta_common.errors import ArtifactError, one_line
 from rosetta_common.onnx_conventions import BATCH_DIM, INPUT_NAME, OUTPUT_NAME
+
+kserve = serving.import_kserve()  # not `import kserve`: it would parse our command line
 
 SERVER = "onnx"
 SERVED_FILE = Path("model.onnx")

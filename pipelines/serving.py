@@ -109,6 +109,8 @@ def port_pairs(names: Sequence[str], base: int) -> dict[str, tuple[int, int]]:
         pairs[name] = (base + 2 * index, base + 2 * index + 1)
         for port in pairs[name]:
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+                # As uvicorn and gRPC bind: a port a stopped server left in TIME_WAIT is free, a listening one not.
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 try:
                     probe.bind((HOST, port))
                 except OSError as error:

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from rosetta_common import serving
 from rosetta_common.errors import RosettaError
 from rosetta_common.onnx_conventions import INPUT_NAME, OUTPUT_NAME
 
@@ -37,7 +38,7 @@ MAX_GRPC_MESSAGE = 64 * 1024 * 1024  # the client's own; the server enforces its
 
 
 class RequestFailed(RosettaError):
-    """A request the server refused: `status` is the HTTP status (int) or the gRPC code's name."""
+    """A request the server refused: `status` is the HTTP status (int), the gRPC code's name, or "unreachable"."""
 
     def __init__(self, status: int | str, message: str) -> None:
         super().__init__(f"{status}: {message}")
@@ -58,6 +59,8 @@ def request(url: str, body: bytes | None = None, content_type: str = "applicatio
         with contextlib.suppress(ValueError, AttributeError):  # not JSON, or not an object: the text as it is
             text = json.loads(text).get("error", text)
         raise RequestFailed(error.code, text) from None
+    except (urllib.error.URLError, OSError) as error:  # refused, reset, timed out: no HTTP status at all
+        raise RequestFailed("unreachable", f"{url}: {getattr(error, 'reason', error)}") from None
 
 
 def _float32(images: np.ndarray) -> np.ndarray:
@@ -88,6 +91,8 @@ def metadata(url: str, model: str) -> dict[str, Any]:
 def grpc_stub(target: str) -> Any:
     """KServe's V2 gRPC stub on an insecure channel to `target` (host:port)."""
     import grpc
+
+    serving.import_kserve()
     from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc
 
     channel = grpc.insecure_channel(target, options=[("grpc.max_send_message_length", MAX_GRPC_MESSAGE),
@@ -108,6 +113,7 @@ def grpc_call(method: Any, message: Any, timeout: float = TIMEOUT_SECONDS) -> An
 def infer_grpc(target: str, model: str, images: np.ndarray, stub: Any = None) -> np.ndarray:
     """V2 gRPC: the images as raw float32 (raw_input_contents), built with KServe's InferRequest; the logits from
     its InferResponse."""
+    serving.import_kserve()
     from kserve.protocol.infer_type import InferInput, InferRequest, InferResponse
 
     images = _float32(images)

@@ -34,6 +34,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -49,6 +50,22 @@ DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024  # a REST body or gRPC message; 1024 M
 GRACE_SECONDS = 5  # how long a stopping server lets requests in flight finish
 GRPC_WORKERS = 4
 V2_EXAMPLE = '{"inputs": [{"name": "images", "shape": [n, height, width], "datatype": "FP32", "data": [...]}]}'
+
+
+def import_kserve() -> ModuleType:
+    """kserve, imported with this process's command line hidden from it. kserve.model_server parses sys.argv when
+    it is first imported (argparse's parse_known_args, which ignores flags it does not know but still exits on an
+    abbreviation of its own: `--grpc` of pipelines.serving_client's command line matched three of its flags), so
+    every module of ours that uses kserve imports it through here, first."""
+    if "kserve.model_server" not in sys.modules:
+        argv, sys.argv = sys.argv, sys.argv[:1]
+        try:
+            import kserve.model_server
+        finally:
+            sys.argv = argv
+    import kserve
+
+    return kserve
 
 
 class RequestError(RosettaError, ValueError):
@@ -204,6 +221,7 @@ class ServedModel:
 
     def predict(self, payload: Any, headers: dict[str, str] | None = None) -> Any:
         """Run the model on a V1 payload (-> {"predictions": ...}) or a V2 InferRequest (-> InferResponse)."""
+        import_kserve()
         from kserve.errors import InvalidInput
         from kserve.protocol.infer_type import InferOutput, InferRequest, InferResponse
         from kserve.utils.utils import generate_uuid
@@ -302,7 +320,7 @@ def _server_class() -> type:
     400 and one line naming the field (FastAPI's default for a V2 body is 422 with a list of errors, KServe's for
     a V1 body that is not JSON names no field); an unknown model's 404 / NOT_FOUND names the models served. Built
     on first use: kserve is imported here, not when this module is."""
-    import kserve
+    kserve = import_kserve()
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse
     from grpc import aio

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import kserve
-
 from rosetta_common import serving
 from rosetta_common.spec import ModelConfig
 from rosetta_jax.export import CONFIG_FILE, EXPORT_FILE, load_native
 from rosetta_jax.train import configure
+
+kserve = serving.import_kserve()  # not `import kserve`: it would parse our command line
 
 SERVER = "jax"
 SERVED_FORMAT = "jax_export"  # the key of load_native's predict that calls the deserialized jax.export module

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import kserve
-
 from rosetta_common import serving
 from rosetta_tf.export import SAVED_MODEL_DIR, _read_config, load_native
 from rosetta_tf.train import configure
+
+kserve = serving.import_kserve()  # not `import kserve`: it would parse our command line
 
 SERVER = "tf"
 # load_native's predict that calls the SavedModel's `serve` function: the concrete function its "serving_default"

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import kserve
-
 from rosetta_common import serving
 from rosetta_torch.export import PROGRAM_FILE, STATE_FILE, load_native, load_state_file
 from rosetta_torch.models import model_config
 from rosetta_torch.train import configure
+
+kserve = serving.import_kserve()  # not `import kserve`: it would parse our command line
 
 SERVER = "torch"
 SERVED_FORMAT = "torch_export"  # the key of load_native's predict that runs model.pt2
