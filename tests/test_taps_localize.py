@@ -72,11 +72,10 @@ PLANTS = [
           '    if name.endswith("kernel"):  # .kernel and .recurrent_kernel\n',
           '    if name == "block.attn.query.kernel":  # planted\n        return value\n'
           '    if name.endswith("kernel"):  # .kernel and .recurrent_kernel\n', "block.attn.query"),
-    # The scores scaled by the model's width instead of the head's: 1 / sqrt(embed_dim) for 1 / sqrt(head_dim).
-    # In torch, whose attention-weights tap is the forward's own softmax (TF's and JAX's taps recompute it from
-    # q and k, so there a mistake inside the attention's call shows at block.attn.out).
-    Plant("torch-attention-scale", "torch", "attention", "packages/torch_impl/src/rosetta_torch/models.py",
-          "/ math.sqrt(q.shape[-1])", "/ math.sqrt(embed)", "block.attn.weights"),
+    # The scores scaled by the model's width instead of the head's: 1 / sqrt(embed_dim) for 1 / sqrt(head_dim), in
+    # the method TF's attention computes its weights with, whose output is the tap.
+    Plant("tf-attention-scale", "tf", "attention", "packages/tf_impl/src/rosetta_tf/models.py",
+          "/ math.sqrt(self.head_dim)", "/ math.sqrt(self.embed_dim)", "block.attn.weights"),
 ]
 # Mistakes no init forward shows, named at the first tap where the pair's TRAINED taps part (the init biases are
 # zero and the init running statistics 0 and 1, so a bias mapping or a momentum convention changes nothing there).
@@ -107,7 +106,7 @@ LOCKSTEP_KEPT = {"torch-resnet-batchnorm-momentum"}  # the trained plants whose 
 # Three rounds, as few as there can be: ResNet and attention have three plants each.
 ROUNDS = [["torch-resnet-symmetric-padding", "jax-attention-tanh-gelu", "torch-lstm-gate-order"],
           ["tf-resnet-batchnorm-epsilon", "torch-attention-query-kernel-transposed", "torch-lstm-bias-counted-twice"],
-          ["torch-resnet-batchnorm-momentum", "torch-attention-scale", "tf-gru-bias-rows-exchanged"]]
+          ["torch-resnet-batchnorm-momentum", "tf-attention-scale", "tf-gru-bias-rows-exchanged"]]
 BY_ID = {p.id: p for p in [*PLANTS, *TRAINED_PLANTS, *EXPORT_PLANTS]}
 ROUND_OF = {plant: i for i, ids in enumerate(ROUNDS) for plant in ids}
 # The checks that compare the planted framework's forward with the reference or another framework's at init,

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import pytest
 from flax import nnx
 
@@ -47,3 +48,16 @@ def test_tanh_gelu_enters_at_the_gelu(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(models.nnx, "gelu", lambda x, approximate=True: jax.nn.gelu(x, approximate=True))
     taps = rosetta_jax.forward_with_taps(rosetta_jax.build(config, weights), images)
     assert_localized(taps, forward_with_taps(config, weights, images), "block.mlp.gelu", TAP_ABS)
+
+
+def test_a_missing_attention_scale_enters_at_the_attention_weights(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Scores not divided by sqrt(head_dim), planted in the method SelfAttention.__call__ computes its weights
+    with: q, k and v still agree, the softmax does not (the tap is that method's output)."""
+    config, weights, images = planted_case("attention", 63)
+
+    def unscaled(self: models.SelfAttention, q: jax.Array, k: jax.Array) -> jax.Array:
+        return jax.nn.softmax(jnp.einsum("bqhd,bkhd->bhqk", q, k), axis=-1)
+
+    monkeypatch.setattr(models.SelfAttention, "attention_weights", unscaled)
+    taps = rosetta_jax.forward_with_taps(rosetta_jax.build(config, weights), images)
+    assert_localized(taps, forward_with_taps(config, weights, images), "block.attn.weights", TAP_ABS)

@@ -42,3 +42,16 @@ def test_tanh_gelu_enters_at_the_gelu(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(models, "gelu_exact", tanh_gelu)
     taps = rosetta_tf.forward_with_taps(rosetta_tf.build(config, weights), images)
     assert_localized(taps, forward_with_taps(config, weights, images), "block.mlp.gelu", TAP_ABS)
+
+
+def test_a_missing_attention_scale_enters_at_the_attention_weights(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Scores not divided by sqrt(head_dim), planted in the method SelfAttention.call computes its weights with:
+    q, k and v still agree, the softmax does not (the tap is that method's output, not a copy of the formula)."""
+    config, weights, images = planted_case("attention", 52)
+
+    def unscaled(self: models.SelfAttention, q: Any, k: Any) -> Any:
+        return ops.softmax(ops.matmul(q, ops.transpose(k, (0, 1, 3, 2))), axis=-1)
+
+    monkeypatch.setattr(models.SelfAttention, "attention_weights", unscaled)
+    taps = rosetta_tf.forward_with_taps(rosetta_tf.build(config, weights), images)
+    assert_localized(taps, forward_with_taps(config, weights, images), "block.attn.weights", TAP_ABS)

@@ -92,10 +92,14 @@ class SelfAttention(nnx.Module):
             return t.reshape(batch, tokens, self.num_heads, head_dim)
 
         q, k, v = split(self.query(x)), split(self.key(x)), split(self.value(x))
-        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(head_dim)
-        weights = jax.nn.softmax(scores, axis=-1)
-        attended = jnp.einsum("bhqk,bkhd->bqhd", weights, v).reshape(batch, tokens, embed)
+        attended = jnp.einsum("bhqk,bkhd->bqhd", self.attention_weights(q, k), v).reshape(batch, tokens, embed)
         return self.out(attended)
+
+    def attention_weights(self, q: jax.Array, k: jax.Array) -> jax.Array:
+        """softmax(q k^T / sqrt(head_dim)) of q and k split as (B, T, heads, head_dim), (B, heads, T, T): its own
+        method so that the taps (rosetta_jax.taps) read the weights this forward computes."""
+        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(q.shape[-1])
+        return jax.nn.softmax(scores, axis=-1)
 
 
 class MLPBlock(nnx.Module):

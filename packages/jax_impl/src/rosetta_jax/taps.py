@@ -9,15 +9,14 @@ Flax NNX's own mechanism, converted to the canonical layout (the heads split).
 - The forward runs eagerly (not jitted): a traced call would be cached across calls and would hide a change to
   the model's Python (as the tests plant); predict's jitted logits agree within the native round-trip bound.
 - Two taps are no module's input or output: the CNN's first ReLU (it feeds nnx.max_pool) is nnx.relu of conv1's
-  output, and the attention weights are the softmax of the split q and k, computed here as SelfAttention does;
-  a mistake inside SelfAttention.__call__ therefore shows at block.attn.out, not at the weights. The LSTM's
+  output, and the attention weights are SelfAttention.attention_weights (the method its __call__ uses) of the
+  split q and k; a mistake in __call__'s own glue shows at block.attn.out. The LSTM's
   cell state per step is the carry of the model's own cell, stepped over the rows (nnx.RNN returns only the
   hidden states).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -101,8 +100,9 @@ def forward_with_taps(model: nnx.Module, images: np.ndarray) -> dict[str, np.nda
         if tap.name == "conv1.relu":
             value = nnx.relu(read[("conv1", "output")])
         elif tap.name == "block.attn.weights":
-            q, k = out["block.attn.query"], out["block.attn.key"]
-            value = jax.nn.softmax(q @ k.transpose(0, 1, 3, 2) / math.sqrt(q.shape[-1]), axis=-1)
+            # The model's own method on its own q and k, back in its layout (B, T, heads, head_dim).
+            q, k = (out[f"block.attn.{p}"].transpose(0, 2, 1, 3) for p in ("query", "key"))
+            value = model.block.attn.attention_weights(q, k)
         elif tap.name == "lstm.cell":
             value = _stepped_cells(model, x)
         elif config.arch in ("lstm", "gru") and tap.name.endswith(".hidden"):

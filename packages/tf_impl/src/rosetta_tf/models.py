@@ -67,11 +67,16 @@ class SelfAttention(layers.Layer):
         tokens = t.shape[1]
         return ops.transpose(ops.reshape(t, (-1, tokens, self.num_heads, self.head_dim)), (0, 2, 1, 3))
 
-    def call(self, x: Any) -> Any:
-        q, k, v = self._split(self.query(x)), self._split(self.key(x)), self._split(self.value(x))
+    def attention_weights(self, q: Any, k: Any) -> Any:
+        """softmax(q k^T / sqrt(head_dim)) of the split q and k, (B, heads, T, T): its own method so that the
+        taps (rosetta_tf.taps) read the weights this forward computes, not a copy of the formula."""
         # Scale after the matmul, as the reference does (scaling q first rounds differently).
         scores = ops.matmul(q, ops.transpose(k, (0, 1, 3, 2))) / math.sqrt(self.head_dim)
-        attended = ops.matmul(ops.softmax(scores, axis=-1), v)
+        return ops.softmax(scores, axis=-1)
+
+    def call(self, x: Any) -> Any:
+        q, k, v = self._split(self.query(x)), self._split(self.key(x)), self._split(self.value(x))
+        attended = ops.matmul(self.attention_weights(q, k), v)
         merged = ops.reshape(ops.transpose(attended, (0, 2, 1, 3)), (-1, x.shape[1], self.embed_dim))
         return self.out(merged)
 

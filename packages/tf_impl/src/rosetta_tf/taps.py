@@ -10,8 +10,8 @@ Keras' own mechanism, a functional model over the layers' outputs, converted to 
 - The attention block is one custom layer (EncoderBlock) whose sublayers are called inside its `call`, so its
   inner taps are no node of the functional graph: they are its own sublayers (norm1, attn.query/key/value,
   attn, norm2, fc1, fc2) and models.gelu_exact applied in turn to the block's input, and the attention weights
-  the softmax of the split q and k as SelfAttention.call computes them; a mistake in EncoderBlock.call's or
-  SelfAttention.call's own glue therefore shows at `block` or `block.attn.out`, not earlier.
+  SelfAttention.attention_weights of the split q and k, the method its call uses (a wrong scale shows there);
+  a mistake in EncoderBlock.call's or SelfAttention.call's own glue shows at `block` or `block.attn.out`.
 - Keras' LSTM and GRU return the last step only (return_sequences=False, kept: the exports are unchanged), so
   the per-step states come from stepping the layer's own cell (layer.cell) over the rows.
 Nothing in the model changes: the reading model shares the layers and variables, and model.keras, the
@@ -20,13 +20,12 @@ SavedModel and model.onnx are what they were.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import keras
 import numpy as np
 import tensorflow as tf
-from keras import layers, ops
+from keras import layers
 
 from rosetta_common.spec import ModelConfig
 from rosetta_common.taps import taps
@@ -71,8 +70,7 @@ def _inside_block(block: layers.Layer, x: Any) -> dict[str, Any]:
     t: dict[str, Any] = {"block.norm1": block.norm1(x)}
     for p in ("query", "key", "value"):
         t[f"block.attn.{p}"] = attn._split(getattr(attn, p)(t["block.norm1"]))
-    scores = ops.matmul(t["block.attn.query"], ops.transpose(t["block.attn.key"], (0, 1, 3, 2)))
-    t["block.attn.weights"] = ops.softmax(scores / math.sqrt(attn.head_dim), axis=-1)
+    t["block.attn.weights"] = attn.attention_weights(t["block.attn.query"], t["block.attn.key"])
     t["block.attn.out"] = attn(t["block.norm1"])
     t["block.norm2"] = block.norm2(x + t["block.attn.out"])
     t["block.mlp.fc1"] = block.fc1(t["block.norm2"])
