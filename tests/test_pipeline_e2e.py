@@ -106,7 +106,8 @@ def test_validation_report_passes_with_every_check(tiny_pipeline: TinyRun) -> No
 
 def test_artifacts_and_measurements_are_laid_out(tiny_pipeline: TinyRun) -> None:
     root = tiny_pipeline.root
-    assert sorted(p.name for p in (root / paths.ARTIFACTS).iterdir()) == sorted(["init", "data_parallel", *FRAMEWORKS])
+    assert sorted(p.name for p in (root / paths.ARTIFACTS).iterdir()) == sorted(
+        ["init", "data_parallel", paths.SERVED.name, *FRAMEWORKS])
     assert sorted(p.name for p in (root / paths.INIT).iterdir()) == sorted(f"{m}.safetensors" for m in MODELS)
     for f in FRAMEWORKS:
         assert sorted(p.name for p in (root / paths.framework_dir(f)).iterdir()) == sorted(MODELS)
