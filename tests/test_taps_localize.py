@@ -207,19 +207,26 @@ INIT_FORWARD = (names.INIT_TAPS_VS_REFERENCE, names.INIT_ONNX_VS_REFERENCE, name
                 names.FORWARD_PARITY_INIT_ONNX, names.TRAIN_STEP1_LOSS_REL)
 
 
-@pytest.mark.parametrize("plant", TRAINED_PLANTS, ids=lambda p: p.id)
-def test_validate_names_the_first_divergent_trained_tap_of_a_mistake_only_training_shows(plant: Plant,
-                                                                                        validated: Any) -> None:
+def failed_with_init_forward_intact(plant: Plant, validated: Any) -> tuple[Any, list[dict[str, Any]]]:
+    """Validate the planted copy: it fails, and every init-forward check of the planted model passes (a mistake only
+    training or a trained file shows leaves the init forward alone). Returns the run and that model's rows."""
     run = validated(plant)
     assert run.returncode != 0, run.output
     own = [r for r in run.rows if r["model"] == plant.model]
-    every_pair = {r["framework"] for r in own if r["check"] == names.TEST_LOSS_REL}
-    pairs = sorted(pair for pair in every_pair if plant.framework in pair.split("|"))
-    assert len(every_pair) == 3 and len(pairs) == 2, every_pair
-    # Nothing of the init forward changes, nor the first step's loss (the same init forward).
     for check in INIT_FORWARD:
         rows = [r for r in own if r["check"] == check]
         assert len(rows) >= 3 and all(r["passed"] for r in rows), rows
+    return run, own
+
+
+@pytest.mark.parametrize("plant", TRAINED_PLANTS, ids=lambda p: p.id)
+def test_validate_names_the_first_divergent_trained_tap_of_a_mistake_only_training_shows(plant: Plant,
+                                                                                        validated: Any) -> None:
+    # Nothing of the init forward changes, nor the first step's loss (the same init forward).
+    run, own = failed_with_init_forward_intact(plant, validated)
+    every_pair = {r["framework"] for r in own if r["check"] == names.TEST_LOSS_REL}
+    pairs = sorted(pair for pair in every_pair if plant.framework in pair.split("|"))
+    assert len(every_pair) == 3 and len(pairs) == 2, every_pair
     # The training losses stay in lockstep, or they part and the lockstep check says that the forwards agree, so
     # the difference is in training.
     lockstep = [r for r in own if r["check"] == names.TRAIN_LOCKSTEP_LOSS_REL and r["framework"] in pairs]
@@ -257,13 +264,7 @@ def test_validate_names_the_first_divergent_trained_tap_of_a_mistake_only_traini
 @pytest.mark.parametrize("plant", EXPORT_PLANTS, ids=lambda p: p.id)
 def test_validate_names_the_first_tap_a_wrong_trained_file_leaves_its_framework_at(plant: Plant,
                                                                                  validated: Any) -> None:
-    run = validated(plant)
-    assert run.returncode != 0, run.output
-    own = [r for r in run.rows if r["model"] == plant.model]
-    # Nothing of the init forward changes.
-    for check in INIT_FORWARD:
-        rows = [r for r in own if r["check"] == check]
-        assert len(rows) >= 3 and all(r["passed"] for r in rows), rows
+    run, own = failed_with_init_forward_intact(plant, validated)  # nothing of the init forward changes
     # The planted framework's trained file is not its trained model, and the check says at which layer; the other
     # frameworks' files are theirs.
     rows = {r["framework"]: r for r in own if r["check"] == names.TRAINED_WEIGHTS_VS_NATIVE}
