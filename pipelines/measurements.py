@@ -16,6 +16,10 @@ A third, written by `benchmarks/train_throughput.py` (not a stage): `measurement
 train() beside each framework's idiomatic loop as the report shows it (`THROUGHPUT_TABLE` says its form; the
 benchmark's own, fuller file is its business); `timings.js` carries it too, so the report shows it.
 
+A fifth, written by `benchmarks/serving_load.py`: `measurements/serving_load.json`, the model servers under a
+closed-loop client beside the same export in process (`SERVING_LOAD` says the part the report reads); `timings.js`
+carries that part too, for the report's Serving section.
+
 Each writer regenerates the aggregate files (`timings.js`, `latency.csv`, `metrics/*.json`) from every
 record present, so they are current whichever stage ran last.
 """
@@ -44,6 +48,12 @@ CPU = ROOT / "cpu.json"  # the CPU these measurements (and this run's last bits)
 # "ours_first_epoch_seconds", "idiomatic_first_epoch_seconds"}, ...]}. This file is the whole interface: pipelines
 # never reads the benchmark's own output nor imports it.
 THROUGHPUT_TABLE = ROOT / "throughput_table.json"
+# The last serving load benchmark's record, written by benchmarks/serving_load.py: {"settings": {...}, "shares": "...",
+# "machine": {..., "load_average": {"before", "after"}}, "rows": [{"model", "server", "protocol", "batch",
+# "concurrency", "requests", "errors", "requests_per_second", "samples_per_second", "p50_ms", "p99_ms",
+# "in_process_p50_ms", "overhead_ratio", "overhead_ms", "server_cpu_cores", "client_cpu_cores", ...}, ...], ...};
+# the report shows settings, shares, machine and rows (timings.js).
+SERVING_LOAD = ROOT / "serving_load.json"
 NOT_RUNS = (METRICS.name, STAGES.name)  # folders under ROOT that hold no per-run record
 
 
@@ -89,6 +99,19 @@ def throughput_table(root: Path = ROOT) -> dict[str, Any] | None:
     return {"settings": settings, "rows": rows}
 
 
+def serving_load_table(root: Path = ROOT) -> dict[str, Any] | None:
+    """The last serving load benchmark's settings, shares, machine and rows (SERVING_LOAD) as the report shows them,
+    or None if it has not run here (or its file is unreadable or not of that form)."""
+    try:
+        record = json.loads((root / SERVING_LOAD.name).read_text())
+        part = {key: record[key] for key in ("settings", "shares", "machine", "rows")}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(part["rows"], list) or not all(isinstance(r, dict) for r in part["rows"]):
+        return None
+    return part
+
+
 # The instruction sets that decide which kernels oneDNN, MKL, XLA, OpenBLAS and ONNX Runtime's MLAS run (and so
 # the last bits of what they compute), in the order a CPU gains them.
 ISA_FLAGS = ("sse4_2", "avx", "fma", "avx2", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
@@ -129,7 +152,8 @@ def refresh(root: Path = ROOT) -> None:
     write_text(root / TIMINGS_JS.name, "window.ROSETTA_MEASUREMENTS = " + json.dumps(records, sort_keys=True) + ";\n"
                + "window.ROSETTA_STAGES = " + json.dumps(stages, sort_keys=True) + ";\n"
                + "window.ROSETTA_CPU = " + json.dumps(machine, sort_keys=True) + ";\n"
-               + "window.ROSETTA_THROUGHPUT = " + json.dumps(throughput_table(root), sort_keys=True) + ";\n")
+               + "window.ROSETTA_THROUGHPUT = " + json.dumps(throughput_table(root), sort_keys=True) + ";\n"
+               + "window.ROSETTA_SERVING_LOAD = " + json.dumps(serving_load_table(root), sort_keys=True) + ";\n")
     rows = ["case,native_over_onnx,native_ms,onnx_ms"]
     for key, rec in records.items():
         for r in rec.get("latency", {}).get("results", []):

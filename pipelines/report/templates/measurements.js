@@ -141,6 +141,109 @@
     (env.python ? ", Python " + env.python : "") + ". Latency: medians after warm-up, interleaved repeats; above 1, " +
     "ONNX Runtime is faster. These figures are the last train_export run's on this machine: they may predate " +
     "the artifacts above (after `dvc pull`, or a run elsewhere).", "note");
+  // The model servers under load (benchmarks/serving_load.py, measurements/serving_load.json), in the Serving
+  // section (#serving-load, which comes before this script in the page; drawn once the page is parsed, as above).
+  document.addEventListener("DOMContentLoaded", function () {
+    var where = document.getElementById("serving-load");
+    if (!where) { return; }
+    var load = window.ROSETTA_SERVING_LOAD;
+    where.textContent = "";
+    add(where, "h4", "Under load, measured on this machine (benchmarks/serving_load.py, its last run; not lineage)");
+    if (!load || !load.rows) {
+      add(where, "p", "Not run on this machine: `.venv/bin/python benchmarks/serving_load.py` measures it (about " +
+        "six minutes) and the table appears here.", "absent");
+      return;
+    }
+    var lt = add(where, "table");
+    lt.id = "serving-load-table";
+    var lh = add(lt, "tr");
+    ["model", "protocol", "batch", "C", "server", "requests/s", "samples/s", "p50", "p99", "in-process p50",
+     "p50 / in-process", "p50 \u2212 in-process", "errors", "server cores", "client cores"].forEach(
+      function (label, i) { add(lh, "th", label, i < 2 || i === 4 ? "l" : ""); });
+    load.rows.forEach(function (r) {
+      var tr = add(lt, "tr");
+      if (r.errors) { tr.className = "fail"; }
+      add(tr, "td", r.model, "l");
+      add(tr, "td", r.protocol, "l");
+      add(tr, "td", grouped(r.batch));
+      add(tr, "td", grouped(r.concurrency));
+      add(tr, "td", r.server, "l");
+      add(tr, "td", grouped(r.requests_per_second));
+      add(tr, "td", grouped(r.samples_per_second));
+      add(tr, "td", fixed(r.p50_ms, 2, " ms"));
+      add(tr, "td", fixed(r.p99_ms, 2, " ms"));
+      add(tr, "td", fixed(r.in_process_p50_ms, 3, " ms"));
+      add(tr, "td", fixed(r.overhead_ratio, 1, "x"));
+      add(tr, "td", fixed(r.overhead_ms, 2, " ms"));
+      add(tr, "td", grouped(r.errors), r.errors ? "fail-text" : "").title = (r.error_examples || []).join("\n");
+      add(tr, "td", fixed(r.server_cpu_cores, 2));
+      add(tr, "td", fixed(r.client_cpu_cores, 2));
+    });
+    // p50 (solid) and p99 (dashed) against concurrency, one line per server, one small chart per protocol and
+    // batch: inline SVG built with DOM calls (the page's CSP allows no image but data: URIs, and no library).
+    var NS = "http://www.w3.org/2000/svg";
+    function svg(parent, tag, attrs, text) {
+      var el = document.createElementNS(NS, tag);
+      Object.keys(attrs).forEach(function (k) { el.setAttribute(k, attrs[k]); });
+      if (text !== undefined) { el.textContent = text; }
+      parent.appendChild(el);
+      return el;
+    }
+    var colors = ["#0969da", "#cf222e", "#1a7f37", "#8250df", "#bc4c00", "#57606a"];
+    var servers = [], panels = [], levels = [];
+    load.rows.forEach(function (r) {
+      if (servers.indexOf(r.server) < 0) { servers.push(r.server); }
+      if (levels.indexOf(r.concurrency) < 0) { levels.push(r.concurrency); }
+      var key = r.model + " " + r.protocol + ", batch " + r.batch;
+      if (panels.indexOf(key) < 0) { panels.push(key); }
+    });
+    levels.sort(function (a, b) { return a - b; });
+    var figs = add(where, "div", null, "figs");
+    panels.forEach(function (key) {
+      var rows = load.rows.filter(function (r) { return r.model + " " + r.protocol + ", batch " + r.batch === key; });
+      var top = Math.max.apply(null, rows.map(function (r) { return num(r.p99_ms) ? r.p99_ms : 0; })) || 1;
+      var W = 300, H = 190, L = 44, R = 8, T = 20, B = 30;
+      var chart = svg(figs, "svg", {width: W, height: H, role: "img", "aria-label": "latency against concurrency, " + key});
+      svg(chart, "rect", {x: 0, y: 0, width: W, height: H, fill: "#fff", stroke: "#d0d7de"});
+      svg(chart, "text", {x: W / 2, y: 14, "text-anchor": "middle", "font-size": 12}, key);
+      function x(c) { return L + (levels.length > 1 ? levels.indexOf(c) / (levels.length - 1) : 0.5) * (W - L - R); }
+      function y(ms) { return H - B - (ms / top) * (H - T - B); }
+      svg(chart, "line", {x1: L, y1: H - B, x2: W - R, y2: H - B, stroke: "#57606a"});
+      svg(chart, "line", {x1: L, y1: T, x2: L, y2: H - B, stroke: "#57606a"});
+      [0, top / 2, top].forEach(function (ms) {
+        svg(chart, "text", {x: L - 4, y: y(ms) + 4, "text-anchor": "end", "font-size": 10}, ms.toFixed(ms < 10 ? 1 : 0));
+      });
+      svg(chart, "text", {x: 4, y: T - 6, "font-size": 10}, "ms");
+      levels.forEach(function (c) {
+        svg(chart, "text", {x: x(c), y: H - B + 14, "text-anchor": "middle", "font-size": 10}, "C=" + c);
+      });
+      servers.forEach(function (server, i) {
+        var mine = rows.filter(function (r) { return r.server === server; })
+          .sort(function (a, b) { return a.concurrency - b.concurrency; });
+        ["p50_ms", "p99_ms"].forEach(function (field) {
+          var points = mine.filter(function (r) { return num(r[field]); })
+            .map(function (r) { return x(r.concurrency).toFixed(1) + "," + y(r[field]).toFixed(1); });
+          if (!points.length) { return; }
+          svg(chart, "polyline", {points: points.join(" "), fill: "none", stroke: colors[i % colors.length],
+            "stroke-width": 1.5, "stroke-dasharray": field === "p99_ms" ? "4 3" : "none"});
+        });
+        svg(chart, "text", {x: L + 6 + i * 60, y: H - 4, "font-size": 10, fill: colors[i % colors.length]}, server);
+      });
+    });
+    var set = load.settings || {};
+    var machine = load.machine || {};
+    var avg = machine.load_average || {};
+    add(where, "p", "Closed loop: C workers, each with its own keep-alive connection, each sending its next " +
+      "request as soon as its previous answer came; " + (set.bounds || "") + "; the servers take turns within each " +
+      "round, in an order rotated every round. Latency: " + (set.latency || "client side") + "; p50 solid, p99 " +
+      "dashed in the charts. Every answer checked (status, one output logits of shape [n, classes]); a failed " +
+      "request is an error (hover for its message). In process: the same export, loaded by the server's own model " +
+      "class, its forward timed in that server's environment; threads per runtime " + (set.threads || "?") + ". " +
+      (load.shares || "") + (machine.model ? " CPU: " + machine.model + "." : "") +
+      (avg.before ? " Load average before / after: " + avg.before.map(function (v) { return v.toFixed(2); })
+        .join(" ") + " / " + (avg.after || []).map(function (v) { return v.toFixed(2); }).join(" ") + "." : ""),
+      "note");
+  });
   // The CPU the stages last ran on (measurements/cpu.json), in the environment section: its instruction sets pick
   // the kernels of oneDNN, MKL, XLA, OpenBLAS and ONNX Runtime (README, "The same bytes on any CPU with AVX2").
   // The environment section comes after this script in the page: drawn once the page is parsed.
