@@ -1,7 +1,7 @@
 """Serving load: the four model servers under a closed-loop client on loopback, side by side in one run, against the
 same export called in process.
 
-    .venv/bin/python benchmarks/serving_load.py                  # cnn, all four servers, V2 REST and gRPC, ~6 min
+    .venv/bin/python benchmarks/serving_load.py                  # cnn, all four, V2 REST and gRPC: 11 min, 2 busy cores
     .venv/bin/python benchmarks/serving_load.py --models mlp cnn --servers torch onnx --protocols v2-rest \
         --concurrency 1 4 --batches 1 --max-requests 200 --max-seconds 2
 

@@ -151,7 +151,7 @@
     add(where, "h4", "Under load, measured on this machine (benchmarks/serving_load.py, its last run; not lineage)");
     if (!load || !load.rows) {
       add(where, "p", "Not run on this machine: `.venv/bin/python benchmarks/serving_load.py` measures it (about " +
-        "six minutes) and the table appears here.", "absent");
+        "ten minutes on 2 cores) and the table appears here.", "absent");
       return;
     }
     var lt = add(where, "table");
