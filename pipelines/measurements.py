@@ -16,6 +16,9 @@ A third, written by `benchmarks/train_throughput.py` (not a stage): `measurement
 train() beside each framework's idiomatic loop as the report shows it (`THROUGHPUT_TABLE` says its form; the
 benchmark's own, fuller file is its business); `timings.js` carries it too, so the report shows it.
 
+A fourth, written by `benchmarks/deployment.py`: `measurements/deployment.json`, each export format's size, cold
+start and latency (`DEPLOYMENT` says the part the report reads); `timings.js` carries that part too.
+
 A fifth, written by `benchmarks/serving_load.py`: `measurements/serving_load.json`, the model servers under a
 closed-loop client beside the same export in process (`SERVING_LOAD` says the part the report reads); `timings.js`
 carries that part too, for the report's Serving section.
@@ -48,6 +51,13 @@ CPU = ROOT / "cpu.json"  # the CPU these measurements (and this run's last bits)
 # "ours_first_epoch_seconds", "idiomatic_first_epoch_seconds"}, ...]}. This file is the whole interface: pipelines
 # never reads the benchmark's own output nor imports it.
 THROUGHPUT_TABLE = ROOT / "throughput_table.json"
+# The last deployment benchmark's record, written by benchmarks/deployment.py (per export format: size, cold start,
+# latency, the environment it needs): {"settings": {...}, "rows": [{"model", "format", "framework", "env", "file",
+# "bytes", "cold": {"interpreter_seconds", "imports_seconds", "load_seconds", "first_request_seconds",
+# "total_seconds"}, "first_batch64_ms", "steady": {"1" | "64": {"median_ms", "p90_ms", "calls"}}, "max_rss_mib",
+# "modules", "needs_model_code", "max_abs_vs_onnx", "repeats"}, ...], "environments": {env: {"folder", "bytes",
+# "runtime_bytes", "runtime_wheels"}}, ...}; the report shows settings, rows and environments (timings.js).
+DEPLOYMENT = ROOT / "deployment.json"
 # The last serving load benchmark's record, written by benchmarks/serving_load.py: {"settings": {...}, "shares": "...",
 # "machine": {..., "load_average": {"before", "after"}}, "rows": [{"model", "server", "protocol", "batch",
 # "concurrency", "requests", "errors", "requests_per_second", "samples_per_second", "p50_ms", "p99_ms",
@@ -97,6 +107,20 @@ def throughput_table(root: Path = ROOT) -> dict[str, Any] | None:
     if not isinstance(settings, dict) or not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
         return None
     return {"settings": settings, "rows": rows}
+
+
+def deployment_table(root: Path = ROOT) -> dict[str, Any] | None:
+    """The last deployment benchmark's settings, rows and environments (DEPLOYMENT) as the report shows them, or
+    None if it has not run here (or its file is unreadable or not of that form)."""
+    try:
+        record = json.loads((root / DEPLOYMENT.name).read_text())
+        settings, rows, environments = record.get("settings", {}), record["rows"], record.get("environments", {})
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    if (not isinstance(settings, dict) or not isinstance(environments, dict) or not isinstance(rows, list)
+            or not all(isinstance(r, dict) for r in rows)):
+        return None
+    return {"settings": settings, "rows": rows, "environments": environments}
 
 
 def serving_load_table(root: Path = ROOT) -> dict[str, Any] | None:
@@ -153,6 +177,7 @@ def refresh(root: Path = ROOT) -> None:
                + "window.ROSETTA_STAGES = " + json.dumps(stages, sort_keys=True) + ";\n"
                + "window.ROSETTA_CPU = " + json.dumps(machine, sort_keys=True) + ";\n"
                + "window.ROSETTA_THROUGHPUT = " + json.dumps(throughput_table(root), sort_keys=True) + ";\n"
+               + "window.ROSETTA_DEPLOYMENT = " + json.dumps(deployment_table(root), sort_keys=True) + ";\n"
                + "window.ROSETTA_SERVING_LOAD = " + json.dumps(serving_load_table(root), sort_keys=True) + ";\n")
     rows = ["case,native_over_onnx,native_ms,onnx_ms"]
     for key, rec in records.items():

@@ -141,6 +141,66 @@
     (env.python ? ", Python " + env.python : "") + ". Latency: medians after warm-up, interleaved repeats; above 1, " +
     "ONNX Runtime is faster. These figures are the last train_export run's on this machine: they may predate " +
     "the artifacts above (after `dvc pull`, or a run elsewhere).", "note");
+  // Each export format as a deployment target (benchmarks/deployment.py, measurements/deployment.json), in the
+  // Deployment section under its facts table (#deployment-measured, drawn once the page is parsed).
+  document.addEventListener("DOMContentLoaded", function () {
+    var where = document.getElementById("deployment-measured");
+    if (!where) { return; }
+    var dep = window.ROSETTA_DEPLOYMENT;
+    where.textContent = "";
+    add(where, "h4", "Measured on this machine (benchmarks/deployment.py, its last run)");
+    if (!dep || !dep.rows) {
+      add(where, "p", "Not run on this machine: `.venv/bin/python -m benchmarks.deployment` measures it (about " +
+        "five minutes for the cnn) and the table appears here.", "absent");
+      return;
+    }
+    function size(n) {
+      if (!num(n)) { return "\u2014"; }
+      var units = [["GiB", 1073741824], ["MiB", 1048576], ["KiB", 1024]];
+      for (var i = 0; i < units.length; i++) {
+        if (n >= units[i][1]) { return (n / units[i][1]).toFixed(1) + " " + units[i][0]; }
+      }
+      return n + " B";
+    }
+    var envs = dep.environments || {};
+    var dt = add(where, "table");
+    dt.id = "deployment-table";
+    var dh = add(dt, "tr");
+    ["model", "format", "export of", "size", "interpreter", "imports", "load", "1st request", "cold start",
+     "1st batch 64", "batch 1 median / p90", "batch 64 median / p90", "peak RSS", "environment", "runtime wheels",
+     "model code"].forEach(function (label, i) { add(dh, "th", label, i < 3 ? "l" : ""); });
+    dep.rows.forEach(function (r) {
+      var tr = add(dt, "tr");
+      var cold = r.cold || {};
+      var steady = r.steady || {};
+      var s1 = steady["1"] || {}, s64 = steady["64"] || {};
+      var env = envs[r.env] || {};
+      add(tr, "td", r.model, "l");
+      add(tr, "td", r.format, "l");
+      add(tr, "td", r.framework, "l");
+      add(tr, "td", size(r.bytes));
+      add(tr, "td", fixed(cold.interpreter_seconds, 2, " s"));
+      add(tr, "td", fixed(cold.imports_seconds, 2, " s"));
+      add(tr, "td", fixed(cold.load_seconds, 2, " s"));
+      add(tr, "td", num(cold.first_request_seconds) ? (1e3 * cold.first_request_seconds).toFixed(1) + " ms" : "\u2014");
+      add(tr, "td", fixed(cold.total_seconds, 2, " s"));
+      add(tr, "td", fixed(r.first_batch64_ms, 1, " ms"));
+      add(tr, "td", fixed(s1.median_ms, 3) + " / " + fixed(s1.p90_ms, 3, " ms"));
+      add(tr, "td", fixed(s64.median_ms, 3) + " / " + fixed(s64.p90_ms, 3, " ms"));
+      add(tr, "td", num(r.max_rss_mib) ? size(r.max_rss_mib * 1048576) : "\u2014");
+      add(tr, "td", r.env + " " + size(env.bytes), "l");
+      add(tr, "td", size(env.runtime_bytes));
+      add(tr, "td", r.needs_model_code ? "yes" : "no");
+    });
+    var set = dep.settings || {};
+    add(where, "p", "Medians over " + (set.repeats || "?") + " fresh processes per row, the rows interleaved and " +
+      "rotated every repeat; steady latency over " + (set.calls || "?") + " calls per batch size after the first, " +
+      "threads " + (set.threads || "?") + ". Cold start: from the spawn of a process of the format's environment " +
+      "to its first answer at batch 1 (interpreter start-up, the imports the format needs, loading the file, the " +
+      "first request); the OS file cache is warm. Environment: its folder on disk (every package Rosetta installs " +
+      "there, kserve included); runtime wheels: the runtime's own (torch; tensorflow and keras; jax and jaxlib; " +
+      "onnxruntime).", "note");
+  });
   // The model servers under load (benchmarks/serving_load.py, measurements/serving_load.json), in the Serving
   // section (#serving-load, which comes before this script in the page; drawn once the page is parsed, as above).
   document.addEventListener("DOMContentLoaded", function () {
