@@ -151,7 +151,7 @@
     add(where, "h4", "Measured on this machine (benchmarks/deployment.py, its last run)");
     if (!dep || !dep.rows) {
       add(where, "p", "Not run on this machine: `.venv/bin/python -m benchmarks.deployment` measures it (about " +
-        "five minutes for the cnn) and the table appears here.", "absent");
+        "five to fifteen minutes for the cnn on 2 cores) and the table appears here.", "absent");
       return;
     }
     function size(n) {
