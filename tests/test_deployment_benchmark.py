@@ -14,8 +14,10 @@ from pathlib import Path
 import pytest
 
 from benchmarks import deployment, deployment_worker
-from pipelines import deployment_formats, measurements
+from pipelines import deployment_formats, measurements, paths
 from pipelines.report import deployment as report_deployment
+from pipelines.stages.report import build
+from report_fixtures import CHROMEDRIVER, CHROMIUM, CHROMIUM_FLAGS, browser_missing, make_artifacts
 
 
 def test_tree_bytes_counts_each_regular_file_once_and_follows_no_symlink(tmp_path: Path) -> None:
@@ -173,3 +175,42 @@ def test_the_reports_facts_table_has_a_row_per_format() -> None:
     onnx = next(row for row in table.rows if row.cells[0].text == "onnx")
     assert onnx.cells[4].text == deployment_formats.by_name("onnx").python
     assert onnx.cells[-1].lines == deployment_formats.by_name("onnx").sources
+
+
+@pytest.mark.skipif(browser_missing() is not None, reason=str(browser_missing()))
+def test_the_report_draws_the_measured_table_under_the_facts(tmp_path: Path) -> None:
+    from selenium import webdriver
+
+    root = tmp_path / "repo"
+    make_artifacts(root)
+    build(root)
+    found = root / measurements.ROOT
+    found.mkdir()
+    row = {**_row("onnx", "jax", 1.6), "needs_model_code": True}
+    (found / measurements.DEPLOYMENT.name).write_text(json.dumps({
+        "settings": {"repeats": 5, "calls": 50, "threads": "2"}, "rows": [row],
+        "environments": {"validation": {"bytes": 385 * 2**20, "runtime_bytes": 72 * 2**20}}}))
+    measurements.refresh(found)
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for flag in CHROMIUM_FLAGS:
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=str(CHROMEDRIVER)))
+    try:
+        driver.get((root / paths.REPORT / "report.html").resolve().as_uri())
+        page = driver.execute_script(
+            "const s = document.getElementById('deployment-measured');"
+            "const t = document.getElementById('deployment-table');"
+            "return {section: s ? s.closest('section').id : null, text: s ? s.innerText : null,"
+            " rows: t ? [...t.rows].map(r => [...r.cells].map(c => c.innerText)) : null}")
+        errors = [e for e in driver.get_log("browser") if e.get("level") == "SEVERE"]
+    finally:
+        driver.quit()
+    assert errors == []
+    assert page["section"] == "deployment"
+    assert page["rows"][0][:4] == ["model", "format", "export of", "size"]
+    assert page["rows"][1] == ["cnn", "onnx", "jax", "2.0 KiB", "0.05 s", "1.00 s", "0.02 s", "0.7 ms", "1.60 s",
+                               "1.7 ms", "0.060 / 0.080 ms", "0.900 / 1.200 ms", "58.5 MiB", "validation 385.0 MiB",
+                               "72.0 MiB", "yes"]
+    assert "Medians over 5 fresh processes" in page["text"] and "threads 2" in page["text"]
