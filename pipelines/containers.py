@@ -116,16 +116,21 @@ def run_command(
     extra_args: Sequence[str] = (),
     network: str = "none",
     gpus: bool | None = None,
+    detach: bool = False,
 ) -> list[str]:
     """The `docker run` / `podman run` line for one stage command. Stages need no network (`none`); the workers
-    of a data-parallel run share one made for that run (pipelines/workers.py). Never pull.
+    of a data-parallel run share one made for that run (pipelines/workers.py), the model servers of the serve stage
+    another (pipelines/serving_containers.py). Never pull.
+
+    detach: start it in the background (`--detach`) and keep it when it exits, so that its exit code and its log can
+    still be read (a served model server: the caller removes it); otherwise `--rm`, the run in the foreground.
 
     gpus: give the container every GPU (`--gpus all`, podman: the CDI device). None: for the CUDA variant, when this
     host can (gpu_access: a GPU and the engine's NVIDIA support); otherwise a CUDA image runs without them and its
     frameworks fall back to the CPU, which gpu_access says in one line."""
     if gpus is None:
         gpus = variant == "cuda" and gpu_access(engine)
-    argv = [engine.name, "run", "--rm", "--pull=never", f"--network={network}"]
+    argv = [engine.name, "run", "--detach" if detach else "--rm", "--pull=never", f"--network={network}"]
     if engine.name == "podman" and engine.rootless:
         argv.append("--userns=keep-id")  # our uid inside is our uid outside, so the --user below owns its files
     if not (engine.name == "docker" and engine.rootless):

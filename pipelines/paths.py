@@ -112,7 +112,7 @@ def unhashed(relative: Path) -> bool:
 # (<server>/metadata.json), and index.json: what was served and the sha256 of every other file of the folder.
 SERVED = ARTIFACTS / "served"
 SERVED_INDEX = SERVED / "index.json"
-SERVED_OFF = SERVED / "off.json"  # instead of all of it, where the stage cannot serve (the container runtime, for now)
+SERVED_OFF = SERVED / "off.json"  # instead of all of it, where a stage cannot serve (validate says why)
 SERVED_PROTOCOLS = ("v1", "v2", "grpc")  # V1 REST, V2 REST, V2 gRPC
 
 

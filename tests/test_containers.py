@@ -4,8 +4,9 @@ Integration (about 4 min with warm images, 9 min cold here; ROSETTA_CONTAINER_TE
 a container engine if none answers and one can be started (dockerd), builds the four CPU images from the one
 recipe with the documented command (no registry), checks they run as non-root, then runs
 `ROSETTA_RUNTIME=container dvc repro` in a temporary copy with tiny params: a passing validation report, every
-output owned by the user who ran it, training figures within the parity tolerances of the session's local tiny
-run (conftest.py). Timings are not measured here (benchmarks/README.md, "Containers").
+output owned by the user who ran it, the model servers served from containers on one network the serve stage made
+(and removed), training figures within the parity tolerances of the session's local tiny run (conftest.py).
+Timings are not measured here (benchmarks/README.md, "Containers").
 Where no engine can run, or the local base image cannot be made, it skips with the reason.
 """
 
@@ -21,11 +22,13 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import yaml
 
 from integrity_support import tree
 from pipelines import containers, paths
 from pipelines.containers import Engine
 from pipelines.environments import ENVIRONMENTS, lock_path, lock_sha256
+from rosetta_common.io import sha256
 from support import REPO, copy_repo, orchestrator_env
 from tooling import images
 
@@ -430,6 +433,41 @@ def test_data_parallel_stages_ran_as_two_containers_on_one_network(pipeline):
     networks = subprocess.run(["docker", "network", "ls", "--format", "{{.Name}}"], capture_output=True, text=True,
                               check=False).stdout
     assert "rosetta-dp-" not in networks  # each run's network is removed after it
+
+
+@integration
+def test_the_serve_stage_served_from_containers_on_one_network_it_made(pipeline):
+    """Under the container runtime the serve stage ran each server as a container of its image on one internal
+    network it made (its measurements record which), removed them and the network afterwards, and published the
+    whole served folder, in which validate's serving checks all passed: served logits equal to the run's own
+    in-process logits bit for bit (same images trained and served)."""
+    from test_serve_stage import PROTOCOLS, SERVERS, expected_served_rows
+
+    root, _, output = pipeline
+    record = json.loads((root / "measurements/stages/serve.json").read_text())
+    network = record["network"]
+    assert record["runtime"] == "container" and re.fullmatch(r"rosetta-serve-[0-9a-f]{8}", network), record
+    assert record["containers"] == {name: f"{network}-{name}" for name in SERVERS}
+    assert f"as containers on network {network} " in output
+    served = root / paths.SERVED
+    index = json.loads((served / "index.json").read_text())
+    files = {p.relative_to(served).as_posix(): p for p in served.rglob("*") if p.is_file()}
+    assert set(index["sha256"]) == set(files) - {"index.json"} == {
+        f"{s}/{p}.npz" for s in SERVERS for p in PROTOCOLS} | {f"{s}/metadata.json" for s in SERVERS}
+    assert all(sha256(files[rel]) == digest for rel, digest in index["sha256"].items())
+    for path in files.values():  # nothing of the run's network, containers or ports in the lineage
+        data = path.read_bytes()
+        assert b"rosetta-serve-" not in data and network.encode() not in data and b":8080" not in data, path
+    report = json.loads((root / "reports/validation.json").read_text())
+    rows = [r for r in report["checks"] if r["check"].startswith("served_")]
+    models = yaml.safe_load((root / "params.yaml").read_text())["models"]
+    assert {(r["model"], r["framework"], r["check"]) for r in rows} == expected_served_rows(models)
+    assert all(r["passed"] for r in rows), [r for r in rows if not r["passed"]][:3]
+    networks = subprocess.run(["docker", "network", "ls", "--format", "{{.Name}}"], capture_output=True, text=True,
+                              check=True).stdout.split()
+    left = subprocess.run(["docker", "ps", "--all", "--filter", f"name={network}", "--format", "{{.Names}}"],
+                          capture_output=True, text=True, check=True).stdout.split()
+    assert network not in networks and left == []
 
 
 @integration
