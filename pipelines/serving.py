@@ -34,8 +34,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipelines.environments import envs_dir, stage_environment
+from pipelines.workers import describe_exit  # how a server ended, said as a data-parallel worker's end is said
 from rosetta_common.distributed import free_ports
 from rosetta_common.errors import RosettaError
+from rosetta_common.serving import served_models
 
 HOST = "127.0.0.1"
 # Server -> (environment, module). The order fixes the ports of `--port BASE`; README.md, "Serving", lists them.
@@ -46,6 +48,7 @@ SERVERS: dict[str, tuple[str, str]] = {
     "onnx": ("validation", "pipelines.serve_onnx"),
 }
 FRAMEWORKS = ("torch", "tf", "jax")
+INIT_FOLDER = "init"  # the init stage's folder in an artifacts folder (paths.INIT): every server's --init
 ONNX_FROM = "torch"  # whose model.onnx files the ONNX server serves, unless told otherwise
 # A start imports kserve (~6 s of CPU: pandas, FastAPI, gRPC) and the framework, and loads every model: the four
 # full-size servers side by side took 100 s on 2 busy cores.
@@ -91,15 +94,6 @@ class Server:
         return f"its last line: {lines[-1]!r} (all of it in {self.log})" if lines else f"its log {self.log} is empty"
 
 
-def describe_exit(code: int) -> str:
-    if code < 0:
-        try:
-            return f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with code {code}"
-
-
 def port_pairs(names: Sequence[str], base: int) -> dict[str, tuple[int, int]]:
     """(REST, gRPC) port of each server: fixed from `base` by its place in SERVERS, or free ones (base 0)."""
     if not base:
@@ -125,6 +119,19 @@ def served_folder(name: str, artifacts: Path, onnx_from: str) -> Path:
     return artifacts / (onnx_from if name == "onnx" else name)
 
 
+def server_arguments(name: str, artifacts: Path, onnx_from: str, http_port: int, grpc_port: int,
+                     models: Sequence[str] | None = None, max_body_bytes: int | None = None,
+                     host: str = HOST) -> list[str]:
+    """A server's command line after its interpreter (`-m <module> --artifacts ...`): one place for both a process
+    here (start) and a container on a network of its own (pipelines/serving_containers.py, `--host 0.0.0.0`)."""
+    command = ["-m", SERVERS[name][1], "--artifacts", str(served_folder(name, artifacts, onnx_from)),
+               "--init", str(artifacts / INIT_FOLDER), "--http-port", str(http_port), "--grpc-port", str(grpc_port)]
+    command += ["--host", host] if host != HOST else []
+    command += ["--models", *models] if models else []
+    command += ["--max-body-bytes", str(max_body_bytes)] if max_body_bytes else []
+    return command
+
+
 def start(names: Sequence[str], artifacts: Path = Path("artifacts"), models: Sequence[str] | None = None,
           base_port: int = 0, onnx_from: str = ONNX_FROM, max_body_bytes: int | None = None,
           log_dir: Path | None = None) -> list[Server]:
@@ -140,6 +147,9 @@ def start(names: Sequence[str], artifacts: Path = Path("artifacts"), models: Seq
         folder = served_folder(name, artifacts, onnx_from)
         if not folder.is_dir():
             raise ServingError(f"{folder}: missing, so the {name} server has nothing to serve (run dvc repro first)")
+    if not (artifacts / INIT_FOLDER).is_dir():
+        raise ServingError(f"{artifacts / INIT_FOLDER}: missing, so no server can serve the init models (run dvc "
+                           "repro first)")
     variant = os.environ.get("ROSETTA_VARIANT", "cpu")
     environments = list(dict.fromkeys(SERVERS[name][0] for name in names))
     # The runner builds each environment from its lock if it is missing or stale, and only confirms it otherwise.
@@ -150,14 +160,12 @@ def start(names: Sequence[str], artifacts: Path = Path("artifacts"), models: Seq
     started: list[Server] = []
     try:
         for name in names:
-            environment, module = SERVERS[name]
+            environment = SERVERS[name][0]
             env_dir = envs_dir() / f"{environment}-{variant}"
             folder = served_folder(name, artifacts, onnx_from)
             http_port, grpc_port = pairs[name]
-            command = [str(env_dir / "bin" / "python"), "-m", module, "--artifacts", str(folder),
-                       "--http-port", str(http_port), "--grpc-port", str(grpc_port)]
-            command += ["--models", *models] if models else []
-            command += ["--max-body-bytes", str(max_body_bytes)] if max_body_bytes else []
+            command = [str(env_dir / "bin" / "python"),
+                       *server_arguments(name, artifacts, onnx_from, http_port, grpc_port, models, max_body_bytes)]
             log = None if log_dir is None else log_dir / f"{name}.log"
             if log is not None:
                 log.parent.mkdir(parents=True, exist_ok=True)
@@ -192,7 +200,7 @@ def get(url: str, timeout: float = 5.0) -> tuple[int, object]:
 
 def _served_models(server: Server, models: Sequence[str] | None) -> list[str]:
     if models:
-        return list(models)
+        return served_models(models)  # each run folder's model and its init twin
     status, listing = get(f"{server.url}/v2/models")
     if status != 200 or not isinstance(listing, dict):
         raise ServingError(f"{server.describe()}: GET /v2/models answered {status} {listing}")
@@ -201,8 +209,9 @@ def _served_models(server: Server, models: Sequence[str] | None) -> list[str]:
 
 def wait_ready(servers: Sequence[Server], models: Sequence[str] | None = None,
                timeout: float = READY_SECONDS) -> None:
-    """Wait until every server answers V2 readiness, for itself and for each of `models` (default: every model
-    it lists); ServingError naming the first server that exits, refuses a model, or is not ready by then."""
+    """Wait until every server answers V2 readiness, for itself and for each of `models` and its init twin
+    (default: every model it lists); ServingError naming the first server that exits, refuses a model, or is not
+    ready by then."""
     deadline = time.monotonic() + timeout
     pending = list(servers)
     while pending:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import io
+import itertools
 import json
 import os
 import shutil
@@ -25,14 +26,32 @@ from pipelines import paths, serving
 from pipelines.checks import ledger as names
 from rosetta_common.data import batch_sha256, load_prepared
 from rosetta_common.io import sha256
+from rosetta_common.serving import SERVED_FORMAT, init_name, served_models
 from support import REPO, VALIDATE, TinyRun, replace_file, sh
 
 SERVE = ["python", "-m", "pipelines.stages.serve", "--client", "pipelines.stages.serve_client"]
 SERVERS = ["torch", "tf", "jax", "onnx"]
 PROTOCOLS = list(paths.SERVED_PROTOCOLS)
-PER_MODEL = (names.SERVED_READABLE, names.SERVED_METADATA_IDENTICAL,
-             *(names.served(c, p) for c in (names.SERVED_NATIVE_VS_IN_PROCESS, names.SERVED_ONNX_VS_IN_PROCESS,
-                                            names.SERVED_ONNX_VS_NATIVE) for p in PROTOCOLS))
+FRAMEWORK_SERVERS = ["torch", "tf", "jax"]
+PAIRS = [f"{a}|{b}" for a, b in itertools.combinations(SERVERS, 2)]
+
+
+def expected_served_rows(models: list[str]) -> set[tuple[str, str, str]]:
+    """(model, subject, check) of every serving check validate makes on the tiny run: the trained models' and the
+    init twins' (pipelines/checks/serving.py), the ONNX server's under the framework whose files it serves."""
+    rows = set()
+    for m in models:
+        rows |= {(m, "servers", c) for c in (names.SERVED_READABLE, names.SERVED_METADATA_IDENTICAL,
+                                             names.SERVED_INIT_ARGMAX_ACROSS_SERVERS)}
+        rows |= {(m, pair, names.SERVED_INIT_ACROSS_SERVERS) for pair in PAIRS}
+        for p in PROTOCOLS:
+            rows |= {(m, fw, names.served(c, p)) for fw in FRAMEWORK_SERVERS
+                     for c in (names.SERVED_NATIVE_VS_IN_PROCESS, names.SERVED_INIT_VS_IN_PROCESS,
+                               names.SERVED_INIT_VS_REFERENCE)}
+            rows |= {(m, serving.ONNX_FROM, names.served(c, p))
+                     for c in (names.SERVED_ONNX_VS_IN_PROCESS, names.SERVED_ONNX_VS_NATIVE,
+                               names.SERVED_ONNX_INIT_VS_IN_PROCESS, names.SERVED_ONNX_INIT_VS_REFERENCE)}
+    return rows
 
 
 def tree(root: Path) -> dict[str, str]:
@@ -59,7 +78,8 @@ def test_the_served_folder_is_complete_and_every_serving_check_passes(tiny_pipel
     batch = load_prepared(root / paths.PREPARED).validation_batch(params["export"]["validation_batch_size"])
     index = json.loads((root / paths.SERVED_INDEX).read_text())
     assert list(index["servers"]) == SERVERS and index["onnx_from"] == serving.ONNX_FROM
-    assert index["models"] == models and index["protocols"] == PROTOCOLS
+    served = served_models(models)  # each model, then its init twin
+    assert index["models"] == served and index["protocols"] == PROTOCOLS and index["init"] == "artifacts/init"
     # The batch train_export recorded its logits on, exactly.
     assert index["batch"] == {"shape": list(batch.shape), "dtype": "float32", "sha256": batch_sha256(batch)}
     files = tree(root / paths.SERVED)
@@ -69,10 +89,11 @@ def test_the_served_folder_is_complete_and_every_serving_check_passes(tiny_pipel
     for server in SERVERS:
         for protocol in PROTOCOLS:
             with np.load(root / paths.served_logits(server, protocol), allow_pickle=False) as npz:
-                assert npz.files == models, (server, protocol)
-                assert all(npz[m].dtype == np.float32 and npz[m].shape == (len(batch), 10) for m in models)
+                assert npz.files == served, (server, protocol)
+                assert all(npz[m].dtype == np.float32 and npz[m].shape == (len(batch), 10) for m in served)
         metadata = json.loads((root / paths.served_metadata(server)).read_text())
-        assert list(metadata) == models and all(set(metadata[m]) == {"rest", "grpc"} for m in models)
+        assert list(metadata) == served and all(set(metadata[m]) == {"rest", "grpc"} for m in served)
+        assert all(metadata[init_name(m)]["rest"] == {**metadata[m]["rest"], "name": init_name(m)} for m in models)
     # Nothing of a run that cannot repeat (ports, pids, seconds) is in the lineage: it is in measurements/.
     text = (root / paths.SERVED_INDEX).read_text()
     assert "127.0.0.1" not in text and "seconds" not in text
@@ -81,15 +102,19 @@ def test_the_served_folder_is_complete_and_every_serving_check_passes(tiny_pipel
     assert set(record["requests"]["tf"]) == set(PROTOCOLS)
     report = json.loads((root / paths.VALIDATION).read_text())
     rows = served_rows(report)
-    expected = {(m, "servers" if c in (names.SERVED_READABLE, names.SERVED_METADATA_IDENTICAL) else fw, c)
-                for m in models for c in PER_MODEL
-                for fw in (["torch", "tf", "jax"] if c.startswith(names.SERVED_NATIVE_VS_IN_PROCESS) else ["torch"])}
-    assert {(r["model"], r["framework"], r["check"]) for r in rows} == expected
+    assert {(r["model"], r["framework"], r["check"]) for r in rows} == expected_served_rows(models)
     assert all(r["passed"] for r in rows), [r for r in rows if not r["passed"]]
-    # Bit for bit: every served-vs-in-process figure is 0.
+    # Bit for bit: every served-vs-in-process figure is 0, the init twins' too.
     assert all(r["value"] == 0.0 for r in rows if "_vs_in_process_" in r["check"])
     assert [s["model"] for s in report["serving"]] == models
     assert all(set(s["across_frameworks"]) == {"torch|tf", "torch|jax", "tf|jax"} for s in report["serving"])
+    tolerance = params["tolerances"]["forward_parity_abs"]
+    for record in report["serving"]:
+        init = record["init"]
+        assert init["tolerance"] == tolerance and set(init["across_servers"]) == set(PAIRS), init
+        assert set(init["vs_reference"]) == set(SERVERS), init
+        argmax = init["argmax"]
+        assert argmax["rows_judged"] + argmax["rows_excluded"] == len(batch) and argmax["rows_differing"] == 0
 
 
 def test_the_stage_run_again_publishes_the_same_bytes(tiny_pipeline: TinyRun, copy: TinyRun) -> None:
@@ -173,32 +198,66 @@ def test_a_missing_artifacts_folder_is_one_error_line_before_any_server_starts(c
     assert tree(copy.root / paths.SERVED) == before
 
 
-def test_the_container_runtime_serves_nothing_and_says_why(copy: TinyRun) -> None:
-    """Not implemented yet: the stage publishes off.json alone, and validate judges no served logits, saying why
-    (its own run in a copy of the copy, so the cases above keep theirs)."""
-    root = copy.root.parent / "container"
-    shutil.copytree(copy.root, root, symlinks=True)
-    result = sh(SERVE, root, {**copy.env, "ROSETTA_RUNTIME": "container"})
-    assert "serve: off (ROSETTA_RUNTIME=container: serving from containers is not implemented yet" in result.stdout
-    assert tree(root / paths.SERVED).keys() == {"off.json"}
-    sh(VALIDATE, root, copy.env)
-    report = json.loads((root / paths.VALIDATION).read_text())
-    assert not served_rows(report) and report["passed"] is True
-    assert all("not implemented yet" in record["off"] for record in report["serving"]), report["serving"]
-    bad = sh(SERVE, root, {**copy.env, "ROSETTA_RUNTIME": "cloud"}, check=False)
+def test_an_unknown_runtime_is_one_error_line_before_any_server_starts(copy: TinyRun) -> None:
+    """ROSETTA_RUNTIME=container serves from containers (tests/test_containers.py runs it; tests/
+    test_serving_containers.py checks its command lines); any other runtime is refused before anything starts."""
+    before = tree(copy.root / paths.SERVED)
+    bad = sh(SERVE, copy.root, {**copy.env, "ROSETTA_RUNTIME": "cloud"}, check=False)
     (line,) = error_lines(bad.stderr)
     assert bad.returncode == 1 and line == "error: ROSETTA_RUNTIME=cloud: not a runtime; allowed: local, container"
+    assert "serve:" not in bad.stdout and tree(copy.root / paths.SERVED) == before
 
 
-def test_the_validator_expects_the_format_each_server_serves() -> None:
-    """pipelines/checks/serving.py's SERVED_FORMAT (the validator cannot import the servers, which import their
-    frameworks, nor can this environment import the validator, which imports onnxruntime) is each server
-    module's own SERVED_FORMAT: both read as the modules' source says."""
-    expected = assigned(REPO / "pipelines/checks/serving.py")["SERVED_FORMAT"]
-    assert set(expected) == {"torch", "tf", "jax"}
-    for framework, fmt in expected.items():
-        found = assigned(REPO / f"packages/{framework}_impl/src/rosetta_{framework}/serve.py")
-        assert found.get("SERVED_FORMAT") == fmt, (framework, found)
+def test_the_validator_and_the_servers_read_one_served_format_table() -> None:
+    """The native format each framework's server runs is written once, rosetta_common.serving.SERVED_FORMAT: the
+    validator imports it (pipelines/checks/serving.py keeps no copy) and each server module's SERVED_FORMAT is
+    its entry (read as the source says: this environment cannot import the servers, which import frameworks)."""
+    assert set(SERVED_FORMAT) == {"torch", "tf", "jax"}
+    assert "SERVED_FORMAT" not in assigned(REPO / "pipelines/checks/serving.py")
+    assert "from rosetta_common.serving import SERVED_FORMAT" in (REPO / "pipelines/checks/serving.py").read_text()
+    for framework in SERVED_FORMAT:
+        source = REPO / f"packages/{framework}_impl/src/rosetta_{framework}/serve.py"
+        assert assigned(source)["SERVER"] == framework, source
+        assert "\nSERVED_FORMAT = serving.SERVED_FORMAT[SERVER]" in source.read_text(), source
+
+
+def test_an_init_answer_beyond_the_tolerance_fails_validate_naming_the_init_checks(copy: TinyRun) -> None:
+    """jax's V2 REST answer for cnn-init, its row 0's smallest logit moved down by 3 x forward_parity_abs (its
+    argmax stays) and index.json's hash of the file re-recorded, as a server that computed so would have: validate
+    fails served_init_vs_reference_v2 of cnn/jax and served_init_across_servers of every pair with jax, and
+    nothing else but the documented collateral, served_init_vs_in_process_v2 of cnn/jax (the answer is no longer
+    the one train_export's models.predict gave, bit for bit)."""
+    rel = paths.served_logits("jax", "v2")
+    path, index_path = copy.root / rel, copy.root / paths.SERVED_INDEX
+    tolerance = yaml.safe_load((copy.root / "params.yaml").read_text())["tolerances"]["forward_parity_abs"]
+    saved = {path: path.read_bytes(), index_path: index_path.read_bytes()}
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            arrays = {key: npz[key] for key in npz.files}
+        logits = arrays[init_name("cnn")].copy()
+        logits[0, logits[0].argmin()] -= np.float32(3 * tolerance)
+        arrays[init_name("cnn")] = logits
+        buffer = io.BytesIO()
+        np.savez(buffer, **arrays)
+        replace_file(path, buffer.getvalue())
+        index = json.loads(index_path.read_text())
+        index["sha256"][rel.relative_to(paths.SERVED).as_posix()] = sha256(path)
+        replace_file(index_path, json.dumps(index, indent=2).encode())
+        result = sh(VALIDATE, copy.root, copy.env, check=False)
+        report = json.loads((copy.root / paths.VALIDATION).read_text())
+    finally:
+        for saved_path, data in saved.items():
+            replace_file(saved_path, data)
+    assert result.returncode != 0
+    failed = {(r["model"], r["framework"], r["check"]) for r in report["checks"] if not r["passed"]}
+    judged = {("cnn", "jax", names.served(names.SERVED_INIT_VS_REFERENCE, "v2"))} | {
+        ("cnn", pair, names.SERVED_INIT_ACROSS_SERVERS) for pair in PAIRS if "jax" in pair.split("|")}
+    collateral = {("cnn", "jax", names.served(names.SERVED_INIT_VS_IN_PROCESS, "v2"))}
+    assert failed == judged | collateral, failed
+    for model, subject, check in judged:
+        assert f"FAILED {model}/{subject} {check}: value " in result.stderr, result.stderr[-3000:]
+        row = next(r for r in report["checks"] if (r["model"], r["framework"], r["check"]) == (model, subject, check))
+        assert row["tolerance"] == tolerance and row["value"] > 2 * tolerance, row
 
 
 def assigned(source: Path) -> dict[str, Any]:

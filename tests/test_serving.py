@@ -6,13 +6,18 @@ ports, and traffic to 127.0.0.1 only.
 On every server and every model: the logits served through V1 REST, V2 REST and V2 gRPC are bit for bit the
 in-process logits of the same export on the validation batch (the framework's, recorded by train_export in
 native_outputs.npz for the reloaded native format; ONNX Runtime's, computed here in the validation environment
-with the validate stage's own sessions); the metadata is the same on all four; each bad request gets its
+with the validate stage's own sessions). Every server also serves each model's `<model>-init`, its framework's
+model of the shared canonical init weights (ONNX: init.onnx): bit for bit what train_export's models.predict (or
+ONNX Runtime in process) gave, and within tolerances.forward_parity_abs of the float64 reference forward of those
+weights on every server, every protocol, and so of each other. The metadata is the same on all four; each bad
+request gets its
 protocol's status and one line naming the field, and the good request after it still succeeds. REST runs from
 this process (urllib); gRPC needs kserve's stubs, so one script in the validation environment sends every gRPC
 request and writes what came back."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import socket
 import subprocess
@@ -27,7 +32,10 @@ import pytest
 
 from pipelines import paths, serving, serving_client
 from rosetta_common.data import load_prepared
-from rosetta_common.spec import load_spec
+from rosetta_common.reference import forward
+from rosetta_common.serving import init_name, served_models
+from rosetta_common.spec import ModelConfig, load_spec
+from rosetta_common.weights import load_weights
 from support import REPO, TinyRun, orchestrator_env, run_in
 
 NATIVE_FORMAT = {"torch": "torch_export", "tf": "saved_model", "jax": "jax_export"}  # what each server serves
@@ -43,29 +51,43 @@ class Served:
         self.run, self.servers = run, {server.name: server for server in servers}
         spec = load_spec(run.root / "params.yaml")
         self.models = list(spec.models)
-        self.batch = load_prepared(run.root / paths.PREPARED).validation_batch(spec.export.validation_batch_size)
+        self.names = served_models(self.models)  # each model and its init twin
+        self.tolerance = spec.tolerances.forward_parity_abs
+        data = load_prepared(run.root / paths.PREPARED)
+        self.batch = data.validation_batch(spec.export.validation_batch_size)
         self.expected: dict[str, dict[str, np.ndarray]] = {}
         for framework, fmt in NATIVE_FORMAT.items():
             self.expected[framework] = {}
             for model in self.models:
                 with np.load(run.root / paths.native_outputs(model, framework)) as outputs:
                     self.expected[framework][model] = outputs[paths.native_inference_keys(fmt)[0]][0]
+                    # train_export's models.predict of the model built from the canonical init weights
+                    self.expected[framework][init_name(model)] = outputs["init_validation_logits"]
+        # The float64 reference forward of each model's canonical init weights, as validate computes it.
+        self.reference = {}
+        for model in self.models:
+            config = ModelConfig.of(spec, model, data.image_shape, data.num_classes)
+            init = load_weights(run.root / paths.init_weights(model), config)
+            self.reference[model] = forward(config, init, self.batch)
 
 
 def onnx_in_process(run: TinyRun, models: list[str], batch: Path, out: Path) -> dict[str, np.ndarray]:
-    """ONNX Runtime's own logits of each served model.onnx, in the validation environment, as validate opens them."""
+    """ONNX Runtime's own logits of each served model.onnx (and init.onnx, for <model>-init), in the validation
+    environment, as validate opens them."""
+    files = {name: str(run.root / paths.onnx_model(m, ONNX_FROM)) for m in models for name in [m]}
+    files |= {init_name(m): str(run.root / paths.init_onnx(m, ONNX_FROM)) for m in models}
     code = (
         "import numpy as np\n"
+        "from pathlib import Path\n"
         "from pipelines.checks.sessions import open_session, run_onnx\n"
         f"batch = np.load({str(batch)!r})\n"
-        f"found = {{m: run_onnx(open_session(__import__('pathlib').Path({str(run.root / 'artifacts' / ONNX_FROM)!r})"
-        f" / m / 'model.onnx'), batch) for m in {models!r}}}\n"
+        f"found = {{name: run_onnx(open_session(Path(file)), batch) for name, file in {files!r}.items()}}\n"
         f"np.savez({str(out)!r}, **found)\n"
     )
     result = run_in("validation", code)
     assert result.returncode == 0, result.stderr
     with np.load(out) as found:
-        return {model: found[model] for model in models}
+        return {name: found[name] for name in files}
 
 
 # Every gRPC request of the module, sent from the validation environment (kserve's stubs); the good request after
@@ -141,7 +163,7 @@ def served(tiny_pipeline: TinyRun, tmp_path_factory: pytest.TempPathFactory) -> 
 def grpc_results(served: Served, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     work = tmp_path_factory.mktemp("grpc")
     np.save(work / "batch.npy", served.batch)
-    config = {"targets": {name: s.grpc_target for name, s in served.servers.items()}, "models": served.models,
+    config = {"targets": {name: s.grpc_target for name, s in served.servers.items()}, "models": served.names,
               "batch": str(work / "batch.npy"), "limit": LIMIT, "logits": str(work / "logits.npz"),
               "results": str(work / "results.json")}
     (work / "config.json").write_text(json.dumps(config))
@@ -166,8 +188,8 @@ def test_every_protocol_serves_the_in_process_logits_bit_for_bit(served: Served,
     """The same export, the same batch, the same threads and pins: V1, V2 REST and V2 gRPC give exactly the
     logits the framework (or ONNX Runtime) computes in process; JSON and raw float32 carry every bit."""
     url = served.servers[server].url
-    assert grpc_results["ready"][server] == {"server": True, "models": dict.fromkeys(served.models, True)}
-    for model in served.models:
+    assert grpc_results["ready"][server] == {"server": True, "models": dict.fromkeys(served.names, True)}
+    for model in served.names:
         expected = expected_logits(served, grpc_results, server, model)
         found = {"v1": serving_client.predict_v1(url, model, served.batch),
                  "v2": serving_client.infer_v2(url, model, served.batch),
@@ -178,11 +200,32 @@ def test_every_protocol_serves_the_in_process_logits_bit_for_bit(served: Served,
                 f"{server} {model} {protocol}: max abs {np.abs(logits - expected).max():.3g}")
 
 
+def test_every_server_serves_the_init_model_within_tolerance_of_the_reference(served: Served,
+                                                                             grpc_results: dict[str, Any]) -> None:
+    """<model>-init, the same canonical init weights on every server: through every protocol each answer is within
+    tolerances.forward_parity_abs of the float64 reference forward of those weights (absolute, as validate holds
+    init.onnx), and every pair of servers within the same tolerance of each other."""
+    for model in served.models:
+        answers = {}
+        for server in SERVERS:
+            url, name = served.servers[server].url, init_name(model)
+            answers[server] = {"v1": serving_client.predict_v1(url, name, served.batch),
+                               "v2": serving_client.infer_v2(url, name, served.batch),
+                               "grpc": grpc_results["logits"][f"{server}/{name}"]}
+            for protocol, logits in answers[server].items():
+                worst = float(np.abs(logits.astype(np.float64) - served.reference[model]).max())
+                assert worst <= served.tolerance, f"{server} {name} {protocol}: {worst:.3g} from the reference"
+        for a, b in itertools.combinations(SERVERS, 2):
+            for protocol in answers[a]:
+                worst = float(np.abs(answers[a][protocol] - answers[b][protocol]).max())
+                assert worst <= served.tolerance, f"{a}|{b} {init_name(model)} {protocol}: {worst:.3g}"
+
+
 def test_the_metadata_is_the_same_on_every_server(served: Served, grpc_results: dict[str, Any]) -> None:
     """V2 model metadata over REST and gRPC, identical across the four: the ONNX conventions' names, FP32, the
     batch as -1, the image shape and class count of the run."""
     height, width = served.batch.shape[1:]
-    for model in served.models:
+    for model in served.names:  # <model>-init: <model>'s metadata but for the name
         expected = {"name": model, "platform": "",
                     "inputs": [{"name": "images", "datatype": "FP32", "shape": [-1, height, width]}],
                     "outputs": [{"name": "logits", "datatype": "FP32", "shape": [-1, 10]}]}
@@ -264,7 +307,7 @@ def test_bad_rest_requests_get_their_status_and_one_line(served: Served, grpc_re
     assert status == 400 and line.startswith("body: not JSON"), (server, line)
     with pytest.raises(serving_client.RequestFailed) as refused:
         serving_client.metadata(url, "nope")
-    assert refused.value.status == 404 and "allowed: " + ", ".join(served.models) in refused.value.message
+    assert refused.value.status == 404 and "allowed: " + ", ".join(served.names) in refused.value.message
 
 
 @pytest.mark.parametrize("server", SERVERS)
@@ -296,12 +339,27 @@ def test_a_server_that_cannot_start_is_one_error_line(tmp_path: Path) -> None:
     which server, how it ended and why, in one line."""
     (tmp_path / ONNX_FROM / "mlp").mkdir(parents=True)
     (tmp_path / ONNX_FROM / "mlp" / "model.onnx").write_bytes(b"not an onnx model")
+    (tmp_path / "init").mkdir()
+    (tmp_path / "init" / "mlp.safetensors").write_bytes(b"")  # as --init requires; the ONNX server reads init.onnx
     result = launch("onnx", "--artifacts", str(tmp_path), "--timeout", "60", "--logs", str(tmp_path / "logs"))
     errors = [line for line in result.stderr.splitlines() if "error" in line]
     assert result.returncode == 1 and len(errors) == 1, result.stderr
     assert errors[0].startswith("error: the onnx server (pid ") and "exited with code 1 before it was ready; its " \
         "last line: 'error: " in errors[0], errors[0]
     assert "mlp/model.onnx: not a valid ONNX model" in errors[0] and str(tmp_path / "logs" / "onnx.log") in errors[0]
+
+
+def test_a_missing_init_file_is_one_error_line_before_any_model_loads(tmp_path: Path) -> None:
+    """A server serves every model's init twin, so an --init folder without a model's canonical weights is one line
+    naming the file, before anything is loaded (model.onnx here is not one: it is never opened)."""
+    (tmp_path / ONNX_FROM / "mlp").mkdir(parents=True)
+    (tmp_path / ONNX_FROM / "mlp" / "model.onnx").write_bytes(b"not an onnx model")
+    (tmp_path / "init").mkdir()
+    result = launch("onnx", "--artifacts", str(tmp_path), "--timeout", "60", "--logs", str(tmp_path / "logs"))
+    errors = [line for line in result.stderr.splitlines() if "error" in line]
+    assert result.returncode == 1 and len(errors) == 1, result.stderr
+    assert f"--init {tmp_path / 'init'}: {tmp_path / 'init' / 'mlp.safetensors'} is missing" in errors[0], errors[0]
+    assert "not a valid ONNX model" not in errors[0], errors[0]
 
 
 def test_a_port_in_use_is_one_error_line_before_anything_starts(tiny_pipeline: TinyRun, tmp_path: Path) -> None:

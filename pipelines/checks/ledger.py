@@ -61,6 +61,13 @@ SERVED_NATIVE_VS_IN_PROCESS = "served_native_vs_in_process"
 SERVED_ONNX_VS_IN_PROCESS = "served_onnx_vs_in_process"
 SERVED_ONNX_VS_NATIVE = "served_onnx_vs_native"
 SERVED_METADATA_IDENTICAL = "served_metadata_identical"
+# ... and each server's <model>-init, the model of the shared canonical init weights (the same bits everywhere).
+SERVED_INIT_VS_IN_PROCESS = "served_init_vs_in_process"  # a framework server, bit for bit, per protocol
+SERVED_ONNX_INIT_VS_IN_PROCESS = "served_onnx_init_vs_in_process"  # the ONNX server's init.onnx, per protocol
+SERVED_INIT_VS_REFERENCE = "served_init_vs_reference"  # a framework server vs the float64 reference, per protocol
+SERVED_ONNX_INIT_VS_REFERENCE = "served_onnx_init_vs_reference"  # the ONNX server vs the reference, per protocol
+SERVED_INIT_ACROSS_SERVERS = "served_init_across_servers"  # a pair of servers ("torch|onnx"), the worst protocol
+SERVED_INIT_ARGMAX_ACROSS_SERVERS = "served_init_argmax_across_servers"  # every server and protocol at once
 
 
 @dataclass(frozen=True)

@@ -19,17 +19,43 @@ The rules, each stated before it was measured:
   conventions and the prepared data say: input "images" FP32 [-1, height, width], output "logits" FP32
   [-1, classes] (`served_metadata_identical`);
 - the folder is what the serve stage published for this batch: index.json readable, every file with the sha256
-  it records and no other, the batch's sha256 equal to this stage's batch, every model's array in every
-  server's file, float32 (batch, classes) (`served_readable`).
+  it records and no other, the batch's sha256 equal to this stage's batch, every model's array and its init
+  twin's in every server's file, float32 (batch, classes) (`served_readable`).
 
-Across frameworks the served logits are figures, not checks: the three frameworks' trained models are three
-models (training parity judges how they came to differ), and trained logits differ by more than the forward
+Beside every model each server serves `<model>-init` (rosetta_common.serving.init_name): the model of the shared
+canonical init weights (artifacts/init/<model>.safetensors, the file every framework's train_export starts from),
+the same bits in every framework. The rules for its answers, each stated before it was measured:
+- a framework's server builds it with its package's models.build from that file and runs it with models.predict,
+  the code train_export ran to record native_outputs.npz's `init_validation_logits`, with the same pins, the whole
+  batch in one request: bit for bit against that record, tolerance 0 (`served_init_vs_in_process_<protocol>`); the
+  ONNX server's is `onnx_from`'s init.onnx, bit for bit against this stage's own session of that file
+  (`served_onnx_init_vs_in_process_<protocol>`);
+- every server's against the float64 reference forward of the canonical init weights on the batch
+  (rosetta_common.reference, as forward.py computes it), within tolerances.forward_parity_abs, absolute, as
+  init_onnx_vs_reference holds each init.onnx: one float32 computation of the same weights
+  (`served_init_vs_reference_<protocol>`, `served_onnx_init_vs_reference_<protocol>`);
+- across servers, every pair, the same protocol, the worst of the three (`served_init_across_servers`, subject
+  "<server>|<server>"): within the same forward_parity_abs, not doubled. It is the bound forward_parity_init_onnx
+  holds every pair of init.onnx files to (the same weights computed twice in float32) and the one the issue names;
+  twice it is only what the triangle inequality gives from the two vs-reference checks, so a pair held to that
+  would be judged by nothing those do not already judge;
+- the same class on every row whose reference top-two margin exceeds 2 x forward_parity_abs: every server and
+  protocol's argmax is the reference's (`served_init_argmax_across_servers`: the rows where some answer's argmax
+  differs, tolerance 0). Within that margin an answer within the pairwise tolerance cannot reorder the top two
+  (each of the two logits moves by at most the tolerance); at or under it a difference within tolerance may flip
+  a near-tie, so those rows are excluded and counted (a figure);
+- its metadata is `<model>`'s with the name `<model>-init`, on every server, over REST and gRPC (part of
+  `served_metadata_identical`).
+
+Across frameworks the trained models' served logits are figures, not checks: the three frameworks' trained models
+are three models (training parity judges how they came to differ), and trained logits differ by more than the forward
 tolerance even where the runs stay in lockstep (digits, 10 epochs: mlp torch|jax 1.1e-5, lstm 1.4e-5; cnn torch|tf,
 whose runs part at step 37, 0.78), so no float32 bound holds for them; whatever the servers add to that
 difference is what the checks above bound, at 0.
 
-Where the serve stage served nothing and said why (its off.json: the container runtime, for now), no serving check
-is made and validation.json's "serving" records why, as with data-parallel training switched off.
+Where the serve stage served nothing and said why (an off.json instead of index.json; the stage writes none
+today), no serving check is made and validation.json's "serving" records why, as with data-parallel training
+switched off.
 
 Checks of a framework's server (its subject: that framework) are made only for a run that is judged (intact, see
 integrity.py), like every other check of that run; the ONNX server's are the framework's whose model.onnx it
@@ -53,13 +79,15 @@ from rosetta_common.data import batch_sha256
 from rosetta_common.io import sha256
 from rosetta_common.metrics import max_abs_diff
 from rosetta_common.onnx_conventions import INPUT_NAME, OUTPUT_NAME
+from rosetta_common.reference import forward
+from rosetta_common.serving import SERVED_FORMAT, init_name
 from rosetta_common.spec import ModelConfig, Spec
+from rosetta_common.weights import load_weights
 
 ONNX_SERVER = "onnx"
-# The native format each framework's server runs (rosetta_<framework>.serve's SERVED_FORMAT; the validator cannot
-# import those modules, which import the frameworks): its record in native_outputs.npz is what the server must
-# reproduce. tests/test_serve_stage.py checks that the two agree.
-SERVED_FORMAT = {"torch": "torch_export", "tf": "saved_model", "jax": "jax_export"}
+# SERVED_FORMAT (rosetta_common.serving, beside the servers): the native format each framework's server runs; its
+# record in native_outputs.npz is what the server must reproduce.
+INIT_IN_PROCESS_KEY = "init_validation_logits"  # native_outputs.npz: train_export's models.predict of the init model
 METADATA_SUBJECT = "servers"  # a check of every server at once (the folder, the metadata)
 
 
@@ -138,15 +166,16 @@ def model_problems(served: Served, arch: str, shape: tuple[int, int]) -> list[st
         return served.problems
     problems = []
     for server in served.servers:
-        for protocol in paths.SERVED_PROTOCOLS:
-            where = f"{paths.served_logits(server, protocol)}: {arch}"
-            found = served.logits.get(server, {}).get(protocol, {}).get(arch)
-            if found is None:
-                problems.append(f"{where}: missing")
-            elif found.dtype != np.float32 or found.shape != shape:
-                problems.append(f"{where}: {found.dtype} {list(found.shape)}, expected float32 {list(shape)}")
-        if arch not in served.metadata.get(server, {}):
-            problems.append(f"{paths.served_metadata(server)}: no metadata of {arch}")
+        for name in (arch, init_name(arch)):
+            for protocol in paths.SERVED_PROTOCOLS:
+                where = f"{paths.served_logits(server, protocol)}: {name}"
+                found = served.logits.get(server, {}).get(protocol, {}).get(name)
+                if found is None:
+                    problems.append(f"{where}: missing")
+                elif found.dtype != np.float32 or found.shape != shape:
+                    problems.append(f"{where}: {found.dtype} {list(found.shape)}, expected float32 {list(shape)}")
+            if name not in served.metadata.get(server, {}):
+                problems.append(f"{paths.served_metadata(server)}: no metadata of {name}")
     return problems
 
 
@@ -159,35 +188,47 @@ def bitwise(found: np.ndarray, expected: np.ndarray) -> tuple[float, int]:
     return max_abs_diff(found, expected), differ
 
 
-def expected_metadata(arch: str, config: ModelConfig) -> dict[str, Any]:
+def expected_metadata(name: str, config: ModelConfig) -> dict[str, Any]:
     """The V2 inputs and outputs every server must describe (rosetta_common.serving.Signature's form)."""
     height, width = config.image_shape
-    return {"name": arch,
+    return {"name": name,
             "inputs": [{"name": INPUT_NAME, "datatype": "FP32", "shape": [-1, height, width]}],
             "outputs": [{"name": OUTPUT_NAME, "datatype": "FP32", "shape": [-1, config.num_classes]}]}
 
 
 def metadata_problems(served: Served, arch: str, config: ModelConfig) -> list[str]:
-    """Every server and protocol whose metadata of `arch` differs from the first server's over the same
-    protocol, or whose name, inputs or outputs differ from what the run's data say."""
-    expected = expected_metadata(arch, config)
+    """Every server and protocol whose metadata of `arch` (or of its init twin) differs from the first server's
+    over the same protocol, or whose name, inputs or outputs differ from what the run's data say; and every one
+    whose init twin's metadata is not its `arch`'s but for the name."""
     problems = []
     first = served.servers[0]
-    for protocol in ("rest", "grpc"):
-        reference = served.metadata[first][arch].get(protocol)
-        for server in served.servers:
-            found = served.metadata[server][arch].get(protocol)
-            if not isinstance(found, dict):
-                problems.append(f"{server} {protocol}: no metadata")
-                continue
-            if found != reference:
-                problems.append(f"{server} {protocol}: {json.dumps(found, sort_keys=True)} differs from {first}'s "
-                                f"{json.dumps(reference, sort_keys=True)}")
-            wrong = {key: found.get(key) for key, value in expected.items() if found.get(key) != value}
-            if wrong:
-                problems.append(f"{server} {protocol}: {json.dumps(wrong, sort_keys=True)}, expected "
-                                f"{json.dumps({k: expected[k] for k in wrong}, sort_keys=True)}")
+    for name in (arch, init_name(arch)):
+        expected = expected_metadata(name, config)
+        for protocol in ("rest", "grpc"):
+            reference = served.metadata[first][name].get(protocol)
+            for server in served.servers:
+                found = served.metadata[server][name].get(protocol)
+                if not isinstance(found, dict):
+                    problems.append(f"{server} {protocol} {name}: no metadata")
+                    continue
+                if found != reference:
+                    problems.append(f"{server} {protocol} {name}: {json.dumps(found, sort_keys=True)} differs from "
+                                    f"{first}'s {json.dumps(reference, sort_keys=True)}")
+                wrong = {key: found.get(key) for key, value in expected.items() if found.get(key) != value}
+                if wrong:
+                    problems.append(f"{server} {protocol} {name}: {json.dumps(wrong, sort_keys=True)}, expected "
+                                    f"{json.dumps({k: expected[k] for k in wrong}, sort_keys=True)}")
+                trained = served.metadata[server][arch].get(protocol)
+                if name != arch and isinstance(trained, dict) and {**found, "name": arch} != trained:
+                    problems.append(f"{server} {protocol} {name}: {json.dumps(found, sort_keys=True)} is not "
+                                    f"{arch}'s {json.dumps(trained, sort_keys=True)} but for the name")
     return problems
+
+
+def top_two_margins(logits: np.ndarray) -> np.ndarray:
+    """Per row, the largest logit minus the second largest."""
+    top = np.sort(logits, axis=1)[:, -2:]
+    return top[:, 1] - top[:, 0]
 
 
 def serving_checks(spec: Spec, ledger: Ledger, arch: str, runs: dict[str, dict[str, Any]], batch: np.ndarray,
@@ -248,7 +289,9 @@ def serving_checks(spec: Spec, ledger: Ledger, arch: str, runs: dict[str, dict[s
                                   f"native_roundtrip's at max |logit| {np.abs(native).max():.3g}")
     problems = metadata_problems(served, arch, config)
     ledger.add(arch, METADATA_SUBJECT, names.SERVED_METADATA_IDENTICAL, float(len(problems)), 0.0, not problems,
-               "; ".join(problems[:3]) or f"the same on {', '.join(served.servers)}, over REST and gRPC")
+               "; ".join(problems[:3]) or f"the same on {', '.join(served.servers)}, over REST and gRPC, "
+                                           f"{init_name(arch)}'s {arch}'s but for the name")
+    record["init"] = init_checks(spec, ledger, arch, runs, batch, config, served)
     # Figures only (see the module's docstring): the framework servers pairwise, the worst protocol.
     frameworks = [s for s in served.servers if s != ONNX_SERVER]
     for a, b in itertools.combinations(frameworks, 2):
@@ -257,3 +300,75 @@ def serving_checks(spec: Spec, ledger: Ledger, arch: str, runs: dict[str, dict[s
             "argmax_differ": max(int(np.count_nonzero(logits[a][p].argmax(1) != logits[b][p].argmax(1)))
                                  for p in paths.SERVED_PROTOCOLS)}
     return record
+
+
+def init_checks(spec: Spec, ledger: Ledger, arch: str, runs: dict[str, dict[str, Any]], batch: np.ndarray,
+                config: ModelConfig, served: Served) -> dict[str, Any]:
+    """The checks of every server's `<arch>-init` (see the module's docstring), and their figures: each judged
+    server's worst protocol against the reference, every pair's worst protocol, the rows judged and excluded by
+    the argmax check."""
+    tol = spec.tolerances.forward_parity_abs
+    name = init_name(arch)
+    reference = forward(config, load_weights(paths.init_weights(arch), config), batch)
+    answers: dict[str, dict[str, np.ndarray]] = {}  # the judged servers' answers, server -> protocol
+    figures: dict[str, Any] = {"tolerance": tol, "vs_reference": {}, "across_servers": {}}
+
+    def bitwise_check(server: str, subject: str, check: str, expected: np.ndarray, what: str) -> None:
+        for protocol, found in answers[server].items():
+            worst, differ = bitwise(found, expected)
+            ledger.add(arch, subject, names.served(check, protocol), worst, 0.0, differ == 0,
+                       f"{differ} of {found.size} logits of {name} differ in some bit from {what}; bit for bit "
+                       "required")
+
+    for server in served.servers:
+        onnx = server == ONNX_SERVER
+        subject = served.onnx_from if onnx else server
+        if subject not in runs or (not onnx and server not in SERVED_FORMAT):
+            continue  # a run that is not judged (integrity.py says why): nothing of it is
+        answers[server] = {p: served.logits[server][p][name] for p in paths.SERVED_PROTOCOLS}
+        if onnx:
+            session = runs[subject]["sessions"].get("init")
+            if session is None:  # onnx_checker_init failed and says why
+                for protocol in paths.SERVED_PROTOCOLS:
+                    ledger.add(arch, subject, names.served(names.SERVED_ONNX_INIT_VS_IN_PROCESS, protocol), None, 0.0,
+                               False, f"{paths.init_onnx(arch, subject)}: no ONNX Runtime session (see "
+                                      "onnx_checker_init)")
+            else:
+                bitwise_check(server, subject, names.SERVED_ONNX_INIT_VS_IN_PROCESS, run_onnx(session, batch),
+                              f"{paths.init_onnx(arch, subject)} under this stage's own ONNX Runtime session")
+        else:
+            with np.load(paths.native_outputs(arch, server), allow_pickle=False) as native:
+                expected = native[INIT_IN_PROCESS_KEY]
+            bitwise_check(server, subject, names.SERVED_INIT_VS_IN_PROCESS, expected,
+                          f"{paths.native_outputs(arch, server)}'s {INIT_IN_PROCESS_KEY} (train_export's "
+                          "models.predict of the same init model)")
+        check = names.SERVED_ONNX_INIT_VS_REFERENCE if onnx else names.SERVED_INIT_VS_REFERENCE
+        for protocol, found in answers[server].items():
+            ledger.add(arch, subject, names.served(check, protocol), max_abs_diff(found, reference), tol,
+                       detail=f"the {server} server's {name} against the float64 reference forward of "
+                              f"{paths.init_weights(arch)}; absolute, tolerances.forward_parity_abs")
+        figures["vs_reference"][server] = max(max_abs_diff(found, reference) for found in answers[server].values())
+    for a, b in itertools.combinations(answers, 2):
+        worst = max(max_abs_diff(answers[a][p], answers[b][p]) for p in paths.SERVED_PROTOCOLS)
+        figures["across_servers"][f"{a}|{b}"] = worst
+        ledger.add(arch, f"{a}|{b}", names.SERVED_INIT_ACROSS_SERVERS, worst, tol,
+                   detail=f"{name}: the {a} and {b} servers, the worst of {', '.join(paths.SERVED_PROTOCOLS)}; "
+                          "tolerances.forward_parity_abs, as forward_parity_init_onnx holds init.onnx pairs")
+    if answers:
+        margin = 2 * tol
+        judged = top_two_margins(reference) > margin
+        expected = reference.argmax(axis=1)
+        differ = np.zeros(len(batch), bool)
+        for server in answers.values():
+            for found in server.values():
+                differ |= found.argmax(axis=1) != expected
+        differ &= judged
+        excluded = int(np.count_nonzero(~judged))
+        figures["argmax"] = {"margin_above": margin, "rows_judged": int(np.count_nonzero(judged)),
+                             "rows_excluded": excluded, "rows_differing": int(np.count_nonzero(differ))}
+        rows = np.flatnonzero(differ)[:5].tolist()
+        ledger.add(arch, METADATA_SUBJECT, names.SERVED_INIT_ARGMAX_ACROSS_SERVERS, float(np.count_nonzero(differ)),
+                   0.0, detail=f"{name} on {', '.join(answers)}, every protocol: rows {rows} classified otherwise "
+                               f"than the reference; {excluded} of {len(batch)} rows excluded "
+                               f"(reference top-two margin at most {margin:.0e}, 2 x tolerances.forward_parity_abs)")
+    return figures

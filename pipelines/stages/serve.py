@@ -10,15 +10,24 @@ ports, waits until every one answers V2 readiness for every model (within READY_
 (`--client`, in the validation environment: gRPC needs KServe's stubs and grpcio, which the orchestrator lacks),
 stops the servers and publishes `artifacts/served/` whole: per server and protocol the logits of the validation
 batch (<server>/<protocol>.npz), each server's metadata (<server>/metadata.json) and index.json (what was served,
-the batch's sha256, the sha256 of every file). A server that cannot start, is not ready in time or dies is one
-`error:` line naming it, and nothing is published (a previous output stays as it was).
+the batch's sha256, the sha256 of every file). Every server serves each model twice: `<model>`, the trained
+export, and `<model>-init`, its framework's model of the shared canonical init weights (rosetta_common.serving's
+served_models, the one list of served names), whose answers validate holds to the forward-parity tolerance across
+servers. A server that cannot start, is not ready in time or dies is one `error:` line naming it, and nothing
+is published (a previous output stays as it was).
 
 The batch is train_export's own (Dataset.validation_batch of export.validation_batch_size), so validate can
 compare every answer with the logits native_outputs.npz recorded in process. Ports, pids and timings never enter
 the output, which is byte for byte the same on every run; startup and per-request seconds go to
-measurements/stages/serve.json. ROSETTA_RUNTIME=container (each server in its framework's image on a network the
-stage creates) is not implemented yet: there the stage publishes only off.json saying so (as train_dp does when it
-is off), and validate judges no served logits, saying why.
+measurements/stages/serve.json.
+
+ROSETTA_RUNTIME=container (pipelines/serving_containers.py): the stage makes an internal network of its own for the
+run (rosetta-serve-<8 hex>), starts each server as a container of its framework's image on it (onnx: the validation
+image; `--host 0.0.0.0`, so the container's address on that network), waits for readiness probed inside each server
+container, runs the client in a validation container on the same network (servers addressed by container name),
+and stops and removes every container and the network however it ends. It publishes the same artifacts/served/,
+with the same bytes: nothing of the network or the containers enters it; measurements/stages/serve.json records
+the network and the container names.
 """
 
 from __future__ import annotations
@@ -32,22 +41,21 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from pipelines import measurements, paths, serving
+from pipelines import measurements, paths, serving, serving_containers
 from pipelines.stages import IMPORTS_STARTED, StageError, stage_main
 from rosetta_common.data import batch_sha256, load_prepared
 from rosetta_common.io import read_json, scratch_dir, sha256, staged_outputs, write_json
+from rosetta_common.serving import init_name, served_models
 from rosetta_common.spec import Spec, load_spec
 
 CLIENT_MODULE = "pipelines.stages.serve_client"
-# Why the container runtime serves nothing yet: each server would run in its framework's image on a network the
-# stage creates, but the servers bind 127.0.0.1 only (rosetta_common.serving.HOST), which no other container reaches.
-CONTAINER_WHY = ("ROSETTA_RUNTIME=container: serving from containers is not implemented yet (the servers listen on "
-                 "127.0.0.1 only); run the serve stage with ROSETTA_RUNTIME=local")
 REPEATS = 3  # timed requests per server, model and protocol; the first answer is the one published
 # How long every server has to be ready: four cold starts at once (three framework imports, every model loaded)
 # took 96 s on 2 cores shared with other jobs (load average near 5), against serving.READY_SECONDS' 120 s.
@@ -61,7 +69,8 @@ def served_names(spec: Spec) -> tuple[list[str], str]:
 
 
 def check_inputs(spec: Spec, names: list[str], onnx_from: str) -> None:
-    """Every run folder a server will serve is there, before any server starts (the servers check the files)."""
+    """Every run folder a server will serve, and every model's canonical init weights (each server's
+    <model>-init), are there before any server starts (the servers check the files)."""
     for name in names:
         framework = onnx_from if name == "onnx" else name
         for model in spec.models:
@@ -69,6 +78,10 @@ def check_inputs(spec: Spec, names: list[str], onnx_from: str) -> None:
             if not run.is_dir():
                 raise StageError(f"{run}: missing, so the {name} server cannot serve {model} (run train_export@"
                                  f"{framework} first)")
+    for model in spec.models:
+        if not paths.init_weights(model).is_file():
+            raise StageError(f"{paths.init_weights(model)}: missing, so no server can serve {init_name(model)} (run "
+                             "the init stage first)")
 
 
 def run_client(module: str, config: Path, servers: list[serving.Server]) -> None:
@@ -80,6 +93,11 @@ def run_client(module: str, config: Path, servers: list[serving.Server]) -> None
     dead = died(servers, "while serving")
     if dead:
         raise dead
+    client_failed(result, module)
+
+
+def client_failed(result: subprocess.CompletedProcess[str], module: str) -> None:
+    """StageError with the client's own error line (or its last line) when it failed; either runtime's client."""
     if result.returncode != 0:
         lines = [line for line in result.stderr.splitlines() if line.strip()]
         errors = [line.removeprefix("error: ") for line in lines if line.startswith("error: ")]
@@ -104,11 +122,16 @@ def stop_all(servers: list[serving.Server]) -> dict[str, int]:
     naming it, not an error: every answer was in by then (the torch server, its last line "stopped: torch
     server", once still had to be killed after serving.STOP_SECONDS on a loaded machine)."""
     codes = serving.stop(servers)
+    warn_unclean(servers, codes)
+    return codes
+
+
+def warn_unclean(servers: list[serving.Server] | list[serving_containers.ServerContainer],
+                 codes: dict[str, int]) -> None:
     for server in servers:
         if codes[server.name] != 0:
             print(f"warning: {server.describe()} {serving.describe_exit(codes[server.name])} when stopped "
                   f"(SIGTERM); {server.last_words()}", file=sys.stderr, flush=True)
-    return codes
 
 
 def index(spec: Spec, names: list[str], onnx_from: str, batch: np.ndarray, out: Path) -> dict[str, Any]:
@@ -118,7 +141,8 @@ def index(spec: Spec, names: list[str], onnx_from: str, batch: np.ndarray, out: 
                            "serves": str(paths.framework_dir(onnx_from if name == "onnx" else name))}
                     for name in names},
         "onnx_from": onnx_from,
-        "models": list(spec.models),
+        "models": served_models(spec.models),  # each model, then its canonical-init twin
+        "init": str(paths.INIT),
         "protocols": list(paths.SERVED_PROTOCOLS),
         "batch": {"shape": list(batch.shape), "dtype": "float32", "sha256": batch_sha256(batch)},
         "sha256": {p.relative_to(out).as_posix(): sha256(p) for p in sorted(out.rglob("*")) if p.is_file()},
@@ -140,6 +164,74 @@ def interrupted(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+@dataclass(frozen=True)
+class Run:
+    """What either runtime's route serves: the servers, the run folders, the client's request, the scratch."""
+
+    names: list[str]
+    onnx_from: str
+    models: list[str]  # run folders (each server's --models)
+    images: int
+    request: dict[str, Any]  # the client's config without "servers"
+    scratch: Path
+    logs: Path
+
+    def announce(self, ready_seconds: float, where: str) -> None:
+        print(f"serve: {', '.join(self.names)} ready in {ready_seconds:.1f} s {where}(onnx serves {self.onnx_from}'s "
+              f"model.onnx); sending the validation batch ({self.images} images) through "
+              f"{', '.join(paths.SERVED_PROTOCOLS)}", flush=True)
+
+    def config(self, servers: dict[str, dict[str, str]]) -> Path:
+        write_json(self.scratch / "config.json", {"servers": servers, **self.request})
+        return self.scratch / "config.json"
+
+
+def serve_locally(client: str, run: Run, clock: measurements.StageClock) -> dict[str, Any]:
+    """The servers as processes on 127.0.0.1, the client in the validation environment."""
+    started = time.perf_counter()
+    servers = serving.start(run.names, paths.ARTIFACTS, run.models, onnx_from=run.onnx_from, log_dir=run.logs)
+    try:
+        clock.lap("start")
+        serving.wait_ready(servers, run.models, READY_SECONDS)
+        ready_seconds = time.perf_counter() - started
+        clock.lap("ready")
+        run.announce(ready_seconds, "")
+        config = run.config({s.name: {"url": s.url, "grpc": s.grpc_target} for s in servers})
+        run_client(client, config, servers)
+        clock.lap("requests")
+    except BaseException:
+        serving.stop(servers)  # quietly: the error that brought us here is the one line to print
+        raise
+    stopped = stop_all(servers)
+    clock.lap("stop")
+    return {"ready_seconds": round(ready_seconds, 4), "stop_exit_codes": stopped}
+
+
+def serve_in_containers(client: str, run: Run, clock: measurements.StageClock) -> dict[str, Any]:
+    """The servers as containers on a network made for this run, the client in a validation container on it;
+    every container and the network removed on the way out (serving_containers.serving_session)."""
+    started = time.perf_counter()
+    with serving_containers.serving_session(run.names, paths.ARTIFACTS, run.models, run.onnx_from, run.logs,
+                                            uuid.uuid4().hex[:8]) as session:
+        clock.lap("start")
+        session.wait_ready(run.request["models"], READY_SECONDS)
+        ready_seconds = time.perf_counter() - started
+        clock.lap("ready")
+        run.announce(ready_seconds, f"as containers on network {session.network} ")
+        config = run.config(serving_containers.server_addresses(session.network, run.names))
+        result = session.run_client(client, config)
+        dead = session.died("while serving")
+        if dead:
+            raise dead
+        client_failed(result, client)
+        clock.lap("requests")
+        stopped = session.stop()
+        warn_unclean(session.servers, stopped)
+        clock.lap("stop")
+    return {"ready_seconds": round(ready_seconds, 4), "stop_exit_codes": stopped, "network": session.network,
+            "containers": {server.name: server.container for server in session.servers}}
+
+
 def main(argv: list[str]) -> int:
     clock = measurements.StageClock("serve", IMPORTS_STARTED)
     signal.signal(signal.SIGTERM, interrupted)
@@ -151,13 +243,6 @@ def main(argv: list[str]) -> int:
     if runtime not in ("local", "container"):
         raise StageError(f"ROSETTA_RUNTIME={runtime}: not a runtime; allowed: local, container")
     spec = load_spec(paths.PARAMS)
-    if runtime == "container":
-        # As train_dp publishes off.json when it is off: validate then judges no served logits and says why, and the
-        # rest of a container run goes on.
-        with staged_outputs(paths.SERVED) as out:
-            write_json(out / paths.SERVED_OFF.name, {"runtime": runtime, "why": CONTAINER_WHY})
-        print(f"serve: off ({CONTAINER_WHY})", flush=True)
-        return 0
     data = load_prepared(paths.PREPARED)
     batch = data.validation_batch(spec.export.validation_batch_size)  # train_export's batch, the same call
     names, onnx_from = served_names(spec)
@@ -170,35 +255,20 @@ def main(argv: list[str]) -> int:
     try:
         with staged_outputs(paths.SERVED) as out:
             np.save(scratch / "batch.npy", batch)
-            started = time.perf_counter()
-            servers = serving.start(names, paths.ARTIFACTS, list(spec.models), onnx_from=onnx_from, log_dir=logs)
-            try:
-                clock.lap("start")
-                serving.wait_ready(servers, list(spec.models), READY_SECONDS)
-                ready_seconds = time.perf_counter() - started
-                clock.lap("ready")
-                print(f"serve: {', '.join(names)} ready in {ready_seconds:.1f} s (onnx serves {onnx_from}'s "
-                      f"model.onnx); sending the validation batch ({len(batch)} images) through "
-                      f"{', '.join(paths.SERVED_PROTOCOLS)}", flush=True)
-                config = {"servers": {s.name: {"url": s.url, "grpc": s.grpc_target} for s in servers},
-                          "models": list(spec.models), "batch": str(scratch / "batch.npy"),
-                          "out": str(out.resolve()), "timings": str(scratch / "timings.json"), "repeats": REPEATS}
-                write_json(scratch / "config.json", config)
-                run_client(args.client, scratch / "config.json", servers)
-                clock.lap("requests")
-            except BaseException:
-                serving.stop(servers)  # quietly: the error that brought us here is the one line to print
-                raise
-            stopped = stop_all(servers)
-            clock.lap("stop")
+            # The client's config but for where the servers are: the one list of models both runtimes ask for.
+            request = {"models": served_models(spec.models), "batch": str(scratch / "batch.npy"),
+                       "out": str(out.resolve()), "timings": str(scratch / "timings.json"), "repeats": REPEATS}
+            route = serve_in_containers if runtime == "container" else serve_locally
+            record = route(args.client, Run(names, onnx_from, list(spec.models), len(batch), request, scratch, logs),
+                           clock)
             write_json(out / paths.SERVED_INDEX.name, index(spec, names, onnx_from, batch, out))
         timings = read_json(scratch / "timings.json")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    measurements.write_stage(clock.record(servers=names, onnx_from=onnx_from, ready_seconds=round(ready_seconds, 4),
-                                          stop_exit_codes=stopped, requests=request_figures(timings)))
-    print(f"serve: {len(names)} servers x {len(spec.models)} models x {len(paths.SERVED_PROTOCOLS)} protocols "
-          f"-> {paths.SERVED}", flush=True)
+    measurements.write_stage(clock.record(servers=names, onnx_from=onnx_from, runtime=runtime, **record,
+                                          requests=request_figures(timings)))
+    print(f"serve: {len(names)} servers x {len(spec.models)} models and their init twins x "
+          f"{len(paths.SERVED_PROTOCOLS)} protocols -> {paths.SERVED}", flush=True)
     return 0
 
 

@@ -4,13 +4,22 @@ Four servers serve the same models over the same protocols, each in its own envi
 torch.export program), rosetta_tf.serve (the SavedModel's serving signature), rosetta_jax.serve (the jax.export
 artifact) and pipelines.serve_onnx (every model.onnx under ONNX Runtime). Each is KServe's `ModelServer`: V1 (TF
 Serving's REST shape, `POST /v1/models/<m>:predict`) and V2 (the Open Inference Protocol) over REST, V2 over gRPC,
-on 127.0.0.1 only. A framework module adds only how its export is loaded and run (a `ServedModel` that is also a
+on 127.0.0.1 only (`--host 0.0.0.0` in a container: the addresses of the network its stage made). A framework
+module adds only how its export is loaded and run (a `ServedModel` that is also a
 `kserve.Model`); everything else is here: reading and checking a request, the model metadata, the responses, the
 loopback ModelServer with its body size limit, and the command line all four take.
 
 Why here and why kserve is imported lazily: the framework packages may import rosetta_common but never `pipelines`
 (tests/test_imports.py), and the ONNX server runs in the validation environment, which has rosetta_common and the
-repository root and no framework package; rosetta_common is the one package all four can import. It is also the
+repository root and no framework package; rosetta_common is the one package all four can import.
+
+Every server serves two models per run folder: `<arch>`, the export the framework itself would ship (trained), and
+`<arch>-init` (init_name), the model of the shared canonical init weights (`--init`, artifacts/init/<arch>.safetensors,
+the file every framework's train_export starts from): the framework's own model built from that file by its
+package's models.build, as train_export builds it, run by models.predict (the ONNX server: the run folder's
+init.onnx, that model exported). Its weights are the same bits in every framework, so its logits must agree across
+servers within the forward-parity tolerance, which the trained models' (three models, trained apart) need not. The
+name is a DNS-1123 label, as KServe's InferenceService and TrainedModel names must be: "-", not "_". It is also the
 numpy-level package every environment has, the orchestrator's included, which has no kserve: so this module imports
 kserve only inside the functions that build kserve objects. Importing it costs numpy alone, and the request checks
 (`images_from_v1`, `images_from_v2`, `check_images`) run and are tested without kserve.
@@ -26,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import ipaddress
 import json
 import logging
 import math
@@ -39,16 +49,22 @@ from typing import Any
 
 import numpy as np
 
-from rosetta_common.errors import RosettaError, one_line
+from rosetta_common.errors import ArtifactError, RosettaError, one_line
 from rosetta_common.interface import Predict
 from rosetta_common.onnx_conventions import INPUT_NAME, OUTPUT_NAME
 from rosetta_common.spec import ModelConfig
 
-HOST = "127.0.0.1"  # loopback only: nothing here is meant to be reached from another machine
+HOST = "127.0.0.1"  # loopback: nothing here is meant to be reached from another machine (a container: its network)
 DATATYPE = "FP32"  # the V2 datatype of the one input and the one output
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024  # a REST body or gRPC message; 1024 MNIST images as V2 JSON are ~9 MB
 GRACE_SECONDS = 5  # how long a stopping server lets requests in flight finish
 GRPC_WORKERS = 4
+INIT_SUFFIX = "-init"  # <arch>-init: the model of the canonical init weights, beside <arch>
+# The native format each framework's server runs: the key of its package's load_native that serves its export, and
+# so the record of native_outputs.npz (inference_<format>_batch_runs) its answers must equal. Here, beside the
+# servers, rather than in each server module: the validator reads it too and cannot import those (they import the
+# frameworks); it can import this module, which imports kserve only inside functions.
+SERVED_FORMAT = {"torch": "torch_export", "tf": "saved_model", "jax": "jax_export"}
 V2_EXAMPLE = '{"inputs": [{"name": "images", "shape": [n, height, width], "datatype": "FP32", "data": [...]}]}'
 
 
@@ -66,6 +82,46 @@ def import_kserve() -> ModuleType:
     import kserve
 
     return kserve
+
+
+def init_name(model: str) -> str:
+    """The served name of `model`'s canonical-init twin."""
+    return f"{model}{INIT_SUFFIX}"
+
+
+def served_models(models: Sequence[str]) -> list[str]:
+    """Every name a server serves for these run folders, in order: each model, then its init twin. The one list
+    of served names: the servers, the launcher's readiness wait, the serve stage's client and the validator all
+    take it from here."""
+    return [name for model in models for name in (model, init_name(model))]
+
+
+def init_file(init_dir: Path, model: str) -> Path:
+    """The canonical init weights of `model` in the init stage's folder."""
+    return init_dir / f"{model}.safetensors"
+
+
+def load_init(path: Path, config: ModelConfig) -> dict[str, np.ndarray]:
+    """The canonical init weights at `path`, checked against `config` (names, shapes, dtype, architecture, all
+    finite): what train_export's jobs load (rosetta_common.weights.load_weights). Imported here, not at the top:
+    safetensors is a dependency of the servers that build models, not of every importer of this module."""
+    from rosetta_common.weights import load_weights
+
+    try:
+        return load_weights(path, config)
+    except RosettaError:
+        raise
+    except Exception as error:  # a file that is not safetensors at all
+        raise ArtifactError(f"{path}: not readable canonical weights ({one_line(str(error))})") from None
+
+
+def init_forward(build: Callable[[ModelConfig, Any], Any], predict: Callable[[Any, np.ndarray], np.ndarray],
+                 config: ModelConfig, path: Path) -> Predict:
+    """The framework's model of the canonical init weights at `path`: `build(config, weights)` (the contract's
+    models.build: the native model holding those weights, in inference mode, as train_export builds it from the
+    same file) run by `predict` (models.predict, as train_export records init_validation_logits)."""
+    model = build(config, load_init(path, config))
+    return lambda images: predict(model, images)
 
 
 class RequestError(RosettaError, ValueError):
@@ -389,9 +445,9 @@ def _server_class() -> type:
         return JSONResponse(status_code=400, content={"error": one_line(f"{text}; allowed: {V2_EXAMPLE}")})
 
     class LoopbackRESTServer(RESTServer):
-        def __init__(self, *args: Any, max_body_bytes: int, **kwargs: Any) -> None:
+        def __init__(self, *args: Any, max_body_bytes: int, host: str, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
-            self.config.host = HOST  # the uvicorn.Config its server holds: bound at start
+            self.config.host = host  # the uvicorn.Config its server holds: bound at start
             self.max_body_bytes = max_body_bytes
 
         @property
@@ -406,9 +462,11 @@ def _server_class() -> type:
             app.add_middleware(BodyLimit, limit=self.max_body_bytes)  # added last: outermost, sees bodies first
 
     class LoopbackGRPCServer(GRPCServer):
-        """GRPCServer.start as KServe writes it, bound to HOST instead of every interface ([::])."""
+        """GRPCServer.start as KServe writes it, bound to `host` (HOST unless told) instead of every interface
+        ([::])."""
 
         started = False
+        host = HOST
 
         async def start(self, max_workers: int) -> None:
             from concurrent import futures
@@ -421,19 +479,20 @@ def _server_class() -> type:
                          ("grpc.max_receive_message_length", self._kwargs["grpc_max_receive_message_length"])],
             )
             grpc_predict_v2_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, self._server)
-            if self._server.add_insecure_port(f"{HOST}:{self._port}") == 0:
-                raise OSError(f"gRPC could not bind {HOST}:{self._port} (in use?)")
+            if self._server.add_insecure_port(f"{self.host}:{self._port}") == 0:
+                raise OSError(f"gRPC could not bind {self.host}:{self._port} (in use?)")
             await self._server.start()
             self.started = True
             await self._server.wait_for_termination()
 
     class LoopbackModelServer(kserve.ModelServer):
-        def __init__(self, http_port: int, grpc_port: int, max_body_bytes: int, ready_line: str) -> None:
+        def __init__(self, http_port: int, grpc_port: int, max_body_bytes: int, ready_line: str,
+                     host: str = HOST) -> None:
             super().__init__(http_port=http_port, grpc_port=grpc_port, workers=1, max_threads=GRPC_WORKERS,
                              enable_grpc=True, enable_docs_url=False, enable_latency_logging=False,
                              grace_period=GRACE_SECONDS)
             self.dataplane = RosettaDataPlane(model_registry=self.registered_models)
-            self.max_body_bytes, self.ready_line = max_body_bytes, ready_line
+            self.max_body_bytes, self.ready_line, self.host = max_body_bytes, ready_line, host
 
         def start(self, models: list[Any]) -> None:
             """ModelServer.start for one REST process and a gRPC server, both on loopback, then one line on
@@ -442,11 +501,12 @@ def _server_class() -> type:
             self._rest_server = LoopbackRESTServer(
                 "kserve.model_server:app", self.dataplane, self.model_repository_extension, self.http_port,
                 workers=1, grace_period=self.grace_period, event_loop=self.event_loop,
-                timeout_keep_alive=self.timeout_keep_alive, max_body_bytes=self.max_body_bytes)
+                timeout_keep_alive=self.timeout_keep_alive, max_body_bytes=self.max_body_bytes, host=self.host)
             limit = self.max_body_bytes
             self._grpc_server = LoopbackGRPCServer(
                 self.grpc_port, self.dataplane, self.model_repository_extension, grace_period=self.grace_period,
                 kwargs={"grpc_max_send_message_length": limit, "grpc_max_receive_message_length": limit})
+            self._grpc_server.host = self.host
             self.servers += [self._rest_server.start(), self._grpc_server.start(self.max_threads), self._announce()]
             self.setup_event_loop()
             self.register_signal_handler()
@@ -460,10 +520,11 @@ def _server_class() -> type:
     return LoopbackModelServer
 
 
-def serve(models: Sequence[Any], http_port: int, grpc_port: int, max_body_bytes: int, ready_line: str) -> None:
-    """Serve loaded models until SIGTERM or SIGINT: V1 and V2 REST on 127.0.0.1:http_port, V2 gRPC on
-    127.0.0.1:grpc_port; `ready_line` goes to stdout once both accept connections."""
-    server = _server_class()(http_port, grpc_port, max_body_bytes, ready_line)
+def serve(models: Sequence[Any], http_port: int, grpc_port: int, max_body_bytes: int, ready_line: str,
+          host: str = HOST) -> None:
+    """Serve loaded models until SIGTERM or SIGINT: V1 and V2 REST on host:http_port, V2 gRPC on host:grpc_port
+    (host: 127.0.0.1 unless told); `ready_line` goes to stdout once both accept connections."""
+    server = _server_class()(http_port, grpc_port, max_body_bytes, ready_line, host)
     logging.getLogger("kserve").addFilter(_ClientErrorsInOneLine())
     # KServe's timing middleware logs two lines per request; uvicorn's access log already has one.
     logging.getLogger("kserve.trace").setLevel(logging.WARNING)
@@ -479,16 +540,28 @@ def parse_args(argv: Sequence[str] | None, description: str) -> argparse.Namespa
                         help="a framework's artifacts folder (artifacts/<framework>): one run folder per model")
     parser.add_argument("--models", nargs="+", metavar="MODEL",
                         help="serve only these run folders (default: every one there)")
-    parser.add_argument("--http-port", type=int, required=True, help="V1 and V2 REST, on 127.0.0.1")
-    parser.add_argument("--grpc-port", type=int, required=True, help="V2 gRPC, on 127.0.0.1")
+    parser.add_argument("--init", type=Path, required=True,
+                        help="the init stage's folder (artifacts/init): each model's canonical init weights, served "
+                             f"as <model>{INIT_SUFFIX}")
+    # A container's server listens on its own interfaces (0.0.0.0), which only the network its stage made reaches.
+    parser.add_argument("--host", default=HOST,
+                        help=f"the IPv4 address REST and gRPC listen on (default {HOST}; in a container 0.0.0.0)")
+    parser.add_argument("--http-port", type=int, required=True, help="V1 and V2 REST, on --host")
+    parser.add_argument("--grpc-port", type=int, required=True, help="V2 gRPC, on --host")
     parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
                         help=f"the largest REST body or gRPC message accepted (default {DEFAULT_MAX_BODY_BYTES})")
     args = parser.parse_args(argv)
+    try:
+        ipaddress.IPv4Address(args.host)
+    except ValueError:
+        parser.error(f"--host {args.host}: not an IPv4 address; allowed: e.g. {HOST} (default) or 0.0.0.0")
     for flag, port in (("--http-port", args.http_port), ("--grpc-port", args.grpc_port)):
         if not 1 <= port <= 65535:
             parser.error(f"{flag} {port}: not a port; allowed: 1 to 65535")
     if args.http_port == args.grpc_port:
         parser.error(f"--grpc-port {args.grpc_port}: the same as --http-port; allowed: two different ports")
+    if not args.init.is_dir():
+        parser.error(f"--init {args.init}: not a folder; allowed: the init stage's folder, e.g. artifacts/init")
     if args.max_body_bytes < 1024:
         parser.error(f"--max-body-bytes {args.max_body_bytes}: too small; allowed: 1024 or more")
     return args
@@ -511,23 +584,28 @@ def find_models(artifacts: Path, wanted: Sequence[str] | None, served_file: Path
 
 
 def main(argv: Sequence[str] | None, *, server: str, served_file: Path, model: Callable[[str, Path], Any],
-         configure: Callable[[], None] | None = None) -> int:
-    """The entry point every server module's `main` is: parse the command line, load every model once (a missing
-    or damaged export is one line, exit 1), serve until SIGTERM or SIGINT (exit 0)."""
+         init_model: Callable[[str, Path, Path], Any], configure: Callable[[], None] | None = None) -> int:
+    """The entry point every server module's `main` is: parse the command line, load every model and its init
+    twin once (`model(name, run_dir)`, `init_model(init_name(name), run_dir, init_file)`; a missing or damaged
+    file is one line, exit 1), serve until SIGTERM or SIGINT (exit 0)."""
     args = parse_args(argv, f"Serve Rosetta's models: the {server} server (KServe ModelServer).")
     runs = find_models(args.artifacts, args.models, served_file)
+    for name in runs:  # every init file is there before anything is loaded
+        if not init_file(args.init, name).is_file():
+            raise SystemExit(f"error: --init {args.init}: {init_file(args.init, name)} is missing; allowed: the "
+                             "init stage's folder, holding <model>.safetensors for every model served")
     if configure is not None:
         configure()
     models = []
     for name, run in runs.items():
-        served = model(name, run)
-        try:
-            served.load()
-        except RosettaError as error:  # ArtifactError and its kin: one line naming the file
-            raise SystemExit(f"error: {error}") from None
-        models.append(served)
-    ready = (f"ready: {server} server, models {', '.join(runs)}: http://{HOST}:{args.http_port} (V1, V2 REST), "
-             f"grpc {HOST}:{args.grpc_port} (V2), pid {os.getpid()}")
-    serve(models, args.http_port, args.grpc_port, args.max_body_bytes, ready)
+        for served in (model(name, run), init_model(init_name(name), run, init_file(args.init, name))):
+            try:
+                served.load()
+            except RosettaError as error:  # ArtifactError, WeightsError and their kin: one line naming the file
+                raise SystemExit(f"error: {error}") from None
+            models.append(served)
+    ready = (f"ready: {server} server, models {', '.join(served_models(runs))}: http://{args.host}:{args.http_port} "
+             f"(V1, V2 REST), grpc {args.host}:{args.grpc_port} (V2), pid {os.getpid()}")
+    serve(models, args.http_port, args.grpc_port, args.max_body_bytes, ready, args.host)
     print(f"stopped: {server} server", file=sys.stderr, flush=True)
     return 0

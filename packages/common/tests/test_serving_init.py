@@ -1,0 +1,66 @@
+"""rosetta_common.serving's init twins, where there is no kserve: the served names, the --init flag, and the
+canonical init weights loaded as train_export loads them. The servers serving them are tested for real in
+tests/test_serving.py and tests/test_serve_stage.py."""
+
+import re
+import sys
+
+import numpy as np
+import pytest
+
+from rosetta_common.errors import ArtifactError
+from rosetta_common.serving import (
+    INIT_SUFFIX,
+    init_file,
+    init_forward,
+    init_name,
+    load_init,
+    parse_args,
+    served_models,
+)
+from rosetta_common.spec import ModelConfig, Spec
+from rosetta_common.weights import init_weights, save_weights
+
+DNS_1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")  # KServe's InferenceService and TrainedModel names
+
+
+def test_every_model_is_served_with_its_init_twin_right_after_it():
+    assert served_models(["mlp", "cnn"]) == ["mlp", "mlp-init", "cnn", "cnn-init"]
+    assert all(DNS_1123_LABEL.fullmatch(init_name(model)) for model in Spec().models)
+    assert init_name("gru").endswith(INIT_SUFFIX) and "kserve" not in sys.modules
+
+
+def test_the_init_flag_names_a_folder(tmp_path, capsys):
+    common = ["--artifacts", str(tmp_path), "--http-port", "8500", "--grpc-port", "8501"]
+    assert parse_args([*common, "--init", str(tmp_path)], "test").init == tmp_path
+    with pytest.raises(SystemExit):
+        parse_args([*common, "--init", str(tmp_path / "nope")], "test")
+    assert f"--init {tmp_path / 'nope'}: not a folder; allowed: the init stage's folder" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse_args(common, "test")  # required: every server serves the init twins
+
+
+def test_the_init_forward_builds_from_the_canonical_file_as_train_export_does(tmp_path):
+    config = ModelConfig.of(Spec(), "mlp", (8, 8), 10)
+    weights = init_weights(config, 0)
+    save_weights(init_file(tmp_path, "mlp"), weights, "mlp")
+    built = {}
+
+    def build(config_, loaded):
+        built.update(config=config_, weights=loaded)
+        return "model"
+
+    predict = init_forward(build, lambda model, images: np.zeros((len(images), 10), np.float32), config,
+                           init_file(tmp_path, "mlp"))
+    assert built["config"] == config and built["weights"].keys() == weights.keys()
+    assert all(np.array_equal(built["weights"][k], weights[k]) for k in weights)
+    assert predict(np.zeros((3, 8, 8), np.float32)).shape == (3, 10)
+
+
+def test_a_file_that_is_not_canonical_weights_is_one_line_naming_it(tmp_path):
+    config = ModelConfig.of(Spec(), "mlp", (8, 8), 10)
+    path = init_file(tmp_path, "mlp")
+    path.write_bytes(b"not safetensors")
+    with pytest.raises(ArtifactError) as refused:
+        load_init(path, config)
+    assert str(path) in str(refused.value) and "\n" not in str(refused.value)

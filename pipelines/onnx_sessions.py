@@ -1,0 +1,48 @@
+"""ONNX Runtime sessions as Rosetta opens every one: onnx.checker first, the runner's thread count, one inter-op
+thread, CUDA first where onnxruntime-gpu finds a GPU with TF32 off there.
+
+Written once for the two places that run ONNX files: the validate stage's checks (pipelines/checks/sessions.py)
+and the ONNX model server (pipelines/serve_onnx.py), so the server answers with the very settings whose logits
+validate judged. It is one of pipelines' own modules and imports none of them: pipelines.checks imports pipelines'
+own modules, so this cannot live in pipelines.checks without serve_onnx importing it back, a cycle between the two
+packages (tests/test_imports.py)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import onnx
+import onnxruntime as ort
+
+from rosetta_common.errors import ArtifactError, one_line
+
+
+def providers() -> list:
+    """CPU, or CUDA first where onnxruntime-gpu finds a GPU; TF32 off there, since its ~1e-3 relative error
+    would swamp fp32 parity (the CUDA provider enables TF32 by default)."""
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        return [("CUDAExecutionProvider", {"use_tf32": 0}), "CPUExecutionProvider"]
+    return ["CPUExecutionProvider"]
+
+
+def session_options() -> ort.SessionOptions:
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    # The runner pins every runtime's threads (pipelines/environments.py): results must not depend on cores.
+    options.intra_op_num_threads = int(os.environ.get("ROSETTA_THREADS", "2"))
+    options.inter_op_num_threads = 1
+    return options
+
+
+def open_checked(path: Path) -> ort.InferenceSession:
+    """onnx.checker (full check), then a session with these settings; ArtifactError naming the file when the file
+    is missing or either refuses it."""
+    if not path.is_file():
+        raise ArtifactError(f"{path}: ONNX file is missing")
+    try:
+        onnx.checker.check_model(str(path), full_check=True)
+        return ort.InferenceSession(str(path), session_options(), providers=providers())
+    except Exception as error:  # onnx and onnxruntime raise several unrelated types
+        raise ArtifactError(f"{path}: not a valid ONNX model ({type(error).__name__}: "
+                            f"{one_line(str(error))})") from None
