@@ -343,6 +343,40 @@ def serving(inputs: Inputs) -> list[tuple[str, dict[str, Cell | None]]]:
     return table
 
 
+def serving_init(inputs: Inputs) -> list[tuple[str, dict[str, Cell | None]]]:
+    """Every server's <model>-init (the shared canonical init weights) as rows of model -> cell: each server against
+    the same model in process and against the float64 reference (the worst protocol), every pair of servers, and
+    the argmax check with the rows it excluded (a figure)."""
+    records = [r for r in (inputs.validation or {}).get("serving", []) if isinstance(r, dict) and r.get("init")]
+    if not records:
+        return []
+    by_model = {m: {(r["framework"], r["check"]): r for r in check_rows(inputs, m)} for m in inputs.models}
+
+    def judged(subject: str, check: str, protocols: bool = True) -> dict[str, Cell | None]:
+        names = [ledger.served(check, p) for p in SERVED_PROTOCOLS] if protocols else [check]
+        return {m: _worst([rows[(subject, n)] for n in names if (subject, n) in rows]) for m, rows in by_model.items()}
+
+    servers = list(dict.fromkeys(s for r in records for s in r["init"].get("vs_reference", {})))
+    pairs = list(dict.fromkeys(p for r in records for p in r["init"].get("across_servers", {})))
+    source = next((r.get("onnx_from") for r in records if r.get("onnx_from")), None)
+    table = []
+    for server in servers:
+        onnx = server == "onnx"
+        subject = source if onnx else server
+        table += [(f"{server} server vs in process", judged(
+                      subject, ledger.SERVED_ONNX_INIT_VS_IN_PROCESS if onnx else ledger.SERVED_INIT_VS_IN_PROCESS)),
+                  (f"{server} server vs float64 reference", judged(
+                      subject, ledger.SERVED_ONNX_INIT_VS_REFERENCE if onnx else ledger.SERVED_INIT_VS_REFERENCE))]
+    table += [(f"{pair.replace('|', ' | ')} servers", judged(pair, ledger.SERVED_INIT_ACROSS_SERVERS, False))
+              for pair in pairs]
+    table.append(("argmax: rows classified otherwise", judged("servers", ledger.SERVED_INIT_ARGMAX_ACROSS_SERVERS,
+                                                              False)))
+    excluded = {r.get("model"): r["init"].get("argmax", {}).get("rows_excluded") for r in records}
+    table.append(("argmax: rows excluded (near-ties)", {m: None if excluded.get(m) is None else Cell(excluded[m])
+                                                       for m in inputs.models}))
+    return table
+
+
 def serving_off(inputs: Inputs) -> str | None:
     """Why the serve stage served nothing (its off.json, as validate recorded it), or None."""
     for record in (inputs.validation or {}).get("serving", []):

@@ -17,7 +17,7 @@ from typing import Any
 
 import jinja2
 
-from pipelines.report import analysis, deployment, figures, tables
+from pipelines.report import analysis, figures, tables
 from pipelines.report.collect import Inputs
 from pipelines.report.environment import environment_rows
 from pipelines.report.sources import extract
@@ -184,9 +184,8 @@ def sections(inputs: Inputs, variant: str) -> list[Section]:
             "the SavedModel, jax: the jax.export artifact) and one model.onnx behind ONNX Runtime's, on 127.0.0.1; "
             "the validation batch through V1 REST, V2 REST and V2 gRPC. Startup and request latencies are "
             "measurements (measurements/stages/serve.json).",
-            [Group("", [tables.serving(inputs), tables.serving_pairs(inputs)])],
+            [Group("", [tables.serving(inputs), tables.serving_init(inputs), tables.serving_pairs(inputs)])],
         ),
-        Section("deployment", deployment.TITLE, deployment.NOTE, [Group("", [deployment.facts_table()])]),
         Section(
             "onnx",
             "ONNX files",

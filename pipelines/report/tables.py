@@ -384,6 +384,28 @@ def serving(inputs: Inputs) -> Table:
                  "'serving' section).")
 
 
+def serving_init(inputs: Inputs) -> Table:
+    """Every server's <model>-init: one model, the same canonical init weights, so the same answer everywhere."""
+    def shown(label: str, c: analysis.Cell) -> Cell:
+        if label.startswith("argmax"):  # counts of rows: whole numbers, the check's verdict beside them
+            judged = _judged(c) if c.tolerance is not None else None
+            return cell(c.value, "int", **({"sub": judged.sub, "failed": judged.failed} if judged else {}))
+        return _judged(c)
+
+    rows = [Row([text(label), *(shown(label, c) if c else text(MISSING)
+                                for c in (cells.get(m) for m in inputs.models))])
+            for label, cells in analysis.serving_init(inputs)]
+    tolerance = inputs.spec.tolerances.forward_parity_abs
+    note = (f"<model>-init on every server: each framework's own model built from the shared canonical init weights "
+            f"(artifacts/init; the ONNX server: init.onnx), the worst of V1 REST, V2 REST and V2 gRPC. Against the "
+            f"same model in process bit for bit; against the float64 reference forward and pairwise within "
+            f"{tolerance:.0e} (tolerances.forward_parity_abs, as the init.onnx files are held); the same class as "
+            f"the reference on every row whose reference top-two margin exceeds {2 * tolerance:.0e}, the rows "
+            "within it (near-ties a difference within tolerance may flip) excluded and counted.")
+    return Table("Served init logits across servers", _columns("", *inputs.models), rows, note=note,
+                 empty="No served init figures.")
+
+
 def serving_pairs(inputs: Inputs) -> Table:
     def figure(found: dict[str, Any] | None) -> Cell:
         if not found:
