@@ -17,7 +17,7 @@ from typing import Any
 
 import jinja2
 
-from pipelines.report import analysis, figures, tables
+from pipelines.report import analysis, deployment, figures, tables
 from pipelines.report.collect import Inputs
 from pipelines.report.environment import environment_rows
 from pipelines.report.sources import extract
@@ -186,6 +186,7 @@ def sections(inputs: Inputs, variant: str) -> list[Section]:
             "measurements (measurements/stages/serve.json).",
             [Group("", [tables.serving(inputs), tables.serving_init(inputs), tables.serving_pairs(inputs)])],
         ),
+        Section("deployment", deployment.TITLE, deployment.NOTE, [Group("", [deployment.facts_table()])]),
         Section(
             "onnx",
             "ONNX files",
