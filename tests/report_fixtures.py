@@ -414,6 +414,27 @@ def browser_missing() -> str | None:
     return None
 
 
+def run_in_browser(html: Path, script: str) -> tuple[Any, list[dict[str, Any]]]:
+    """Open the page, run `script` (a JavaScript function body that returns a value) and return that value and the
+    browser log's errors (SEVERE entries: uncaught exceptions, failed loads)."""
+    from selenium import webdriver
+
+    os.environ["SE_OFFLINE"] = "true"  # Selenium Manager must never try a download
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for flag in CHROMIUM_FLAGS:
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=str(CHROMEDRIVER)))
+    try:
+        driver.get(html.resolve().as_uri())
+        found = driver.execute_script(script)
+        errors = [e for e in driver.get_log("browser") if e.get("level") == "SEVERE"]
+    finally:
+        driver.quit()
+    return found, errors
+
+
 def load_in_browser(html: Path, png: Path) -> dict[str, Any]:
     """Open the page; return its title, every image's state, the measurements section (its text, its table's
     cells), browser-log errors and every request it made, and save a screenshot of what a reader sees first."""

@@ -17,7 +17,7 @@ from benchmarks import deployment, deployment_worker
 from pipelines import deployment_formats, measurements, paths
 from pipelines.report import deployment as report_deployment
 from pipelines.stages.report import build
-from report_fixtures import CHROMEDRIVER, CHROMIUM, CHROMIUM_FLAGS, browser_missing, make_artifacts
+from report_fixtures import browser_missing, make_artifacts, run_in_browser
 
 
 def test_tree_bytes_counts_each_regular_file_once_and_follows_no_symlink(tmp_path: Path) -> None:
@@ -179,8 +179,6 @@ def test_the_reports_facts_table_has_a_row_per_format() -> None:
 
 @pytest.mark.skipif(browser_missing() is not None, reason=str(browser_missing()))
 def test_the_report_draws_the_measured_table_under_the_facts(tmp_path: Path) -> None:
-    from selenium import webdriver
-
     root = tmp_path / "repo"
     make_artifacts(root)
     build(root)
@@ -191,22 +189,11 @@ def test_the_report_draws_the_measured_table_under_the_facts(tmp_path: Path) -> 
         "settings": {"repeats": 5, "calls": 50, "threads": "2"}, "rows": [row],
         "environments": {"validation": {"bytes": 385 * 2**20, "runtime_bytes": 72 * 2**20}}}))
     measurements.refresh(found)
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for flag in CHROMIUM_FLAGS:
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=str(CHROMEDRIVER)))
-    try:
-        driver.get((root / paths.REPORT / "report.html").resolve().as_uri())
-        page = driver.execute_script(
-            "const s = document.getElementById('deployment-measured');"
-            "const t = document.getElementById('deployment-table');"
-            "return {section: s ? s.closest('section').id : null, text: s ? s.innerText : null,"
-            " rows: t ? [...t.rows].map(r => [...r.cells].map(c => c.innerText)) : null}")
-        errors = [e for e in driver.get_log("browser") if e.get("level") == "SEVERE"]
-    finally:
-        driver.quit()
+    page, errors = run_in_browser(root / paths.REPORT / "report.html",
+        "const s = document.getElementById('deployment-measured');"
+        "const t = document.getElementById('deployment-table');"
+        "return {section: s ? s.closest('section').id : null, text: s ? s.innerText : null,"
+        " rows: t ? [...t.rows].map(r => [...r.cells].map(c => c.innerText)) : null}")
     assert errors == []
     assert page["section"] == "deployment"
     assert page["rows"][0][:4] == ["model", "format", "export of", "size"]

@@ -18,7 +18,7 @@ import pytest
 from benchmarks import serving_load, serving_load_client
 from pipelines import measurements, paths, serving
 from pipelines.stages.report import build
-from report_fixtures import CHROMEDRIVER, CHROMIUM, CHROMIUM_FLAGS, browser_missing, make_artifacts
+from report_fixtures import browser_missing, make_artifacts, run_in_browser
 from support import TinyRun
 
 MODEL = "mlp"  # the tiny run's quickest model
@@ -135,8 +135,6 @@ def test_timings_js_carries_the_load_table_or_null(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(browser_missing() is not None, reason=str(browser_missing()))
 def test_the_report_draws_the_load_table_in_its_serving_section(tmp_path: Path) -> None:
-    from selenium import webdriver
-
     root = tmp_path / "repo"
     make_artifacts(root)
     build(root)
@@ -148,24 +146,13 @@ def test_the_report_draws_the_load_table_in_its_serving_section(tmp_path: Path) 
         {"settings": {"bounds": "made-up bounds", "threads": "1"}, "shares": "Shared cores.",
          "machine": {"model": "a CPU", "load_average": {"before": [1, 2, 3], "after": [4, 5, 6]}}, "rows": rows}))
     measurements.refresh(found)
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for flag in CHROMIUM_FLAGS:
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=str(CHROMEDRIVER)))
-    try:
-        driver.get((root / paths.REPORT / "report.html").resolve().as_uri())
-        page = driver.execute_script(
-            "const s = document.getElementById('serving-load');"
-            "const t = document.getElementById('serving-load-table');"
-            "return {section: s ? s.closest('section').id : null, text: s ? s.innerText : null,"
-            " rows: t ? [...t.rows].map(r => [...r.cells].map(c => c.innerText)) : null,"
-            " failed: t ? [...t.rows].filter(r => r.className === 'fail').length : null,"
-            " charts: s ? s.querySelectorAll('svg polyline').length : null}")
-        errors = [e for e in driver.get_log("browser") if e.get("level") == "SEVERE"]
-    finally:
-        driver.quit()
+    page, errors = run_in_browser(root / paths.REPORT / "report.html",
+        "const s = document.getElementById('serving-load');"
+        "const t = document.getElementById('serving-load-table');"
+        "return {section: s ? s.closest('section').id : null, text: s ? s.innerText : null,"
+        " rows: t ? [...t.rows].map(r => [...r.cells].map(c => c.innerText)) : null,"
+        " failed: t ? [...t.rows].filter(r => r.className === 'fail').length : null,"
+        " charts: s ? s.querySelectorAll('svg polyline').length : null}")
     assert errors == []
     assert page["section"] == "serving"
     assert page["rows"][0][:5] == ["model", "protocol", "batch", "C", "server"]
