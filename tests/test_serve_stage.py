@@ -15,6 +15,7 @@ import itertools
 import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -124,21 +125,18 @@ def test_the_stage_run_again_publishes_the_same_bytes(tiny_pipeline: TinyRun, co
     assert tree(copy.root / paths.SERVED) == before
 
 
-def test_a_served_logit_one_ulp_off_fails_validate_naming_the_check(copy: TinyRun) -> None:
-    """tf's gRPC answer for cnn, one logit moved by one ulp and index.json's hash of the file re-recorded: only
-    served_native_vs_in_process_grpc of cnn/tf fails, its value that ulp."""
-    rel = paths.served_logits("tf", "grpc")
+def validate_with_served_answer(copy: TinyRun, server: str, protocol: str, model: str,
+                                edit: Callable[[np.ndarray], None]) -> tuple[Any, dict[str, Any]]:
+    """`edit` one model's array in one served file of the copy, re-record its sha256 in index.json (as a server that
+    answered so would have), run validate, restore both files; returns validate's result and validation.json."""
+    rel = paths.served_logits(server, protocol)
     path, index_path = copy.root / rel, copy.root / paths.SERVED_INDEX
     saved = {path: path.read_bytes(), index_path: index_path.read_bytes()}
     try:
         with np.load(path, allow_pickle=False) as npz:
             arrays = {key: npz[key] for key in npz.files}
-        logits = arrays["cnn"].copy()
-        at = np.unravel_index(np.abs(logits).argmax(), logits.shape)
-        moved = np.nextafter(logits[at], np.float32(np.inf), dtype=np.float32)
-        ulp = float(moved) - float(logits[at])
-        logits[at] = moved
-        arrays["cnn"] = logits
+        arrays[model] = arrays[model].copy()
+        edit(arrays[model])
         buffer = io.BytesIO()
         np.savez(buffer, **arrays)
         replace_file(path, buffer.getvalue())
@@ -146,10 +144,25 @@ def test_a_served_logit_one_ulp_off_fails_validate_naming_the_check(copy: TinyRu
         index["sha256"][rel.relative_to(paths.SERVED).as_posix()] = sha256(path)
         replace_file(index_path, json.dumps(index, indent=2).encode())
         result = sh(VALIDATE, copy.root, copy.env, check=False)
-        report = json.loads((copy.root / paths.VALIDATION).read_text())
+        return result, json.loads((copy.root / paths.VALIDATION).read_text())
     finally:
         for saved_path, data in saved.items():
             replace_file(saved_path, data)
+
+
+def test_a_served_logit_one_ulp_off_fails_validate_naming_the_check(copy: TinyRun) -> None:
+    """tf's gRPC answer for cnn, one logit moved by one ulp and index.json's hash of the file re-recorded: only
+    served_native_vs_in_process_grpc of cnn/tf fails, its value that ulp."""
+    moved: list[float] = []
+
+    def one_ulp_up(logits: np.ndarray) -> None:
+        at = np.unravel_index(np.abs(logits).argmax(), logits.shape)
+        up = np.nextafter(logits[at], np.float32(np.inf), dtype=np.float32)
+        moved.append(float(up) - float(logits[at]))
+        logits[at] = up
+
+    result, report = validate_with_served_answer(copy, "tf", "grpc", "cnn", one_ulp_up)
+    (ulp,) = moved
     check = names.served(names.SERVED_NATIVE_VS_IN_PROCESS, "grpc")
     assert result.returncode != 0
     assert f"FAILED cnn/tf {check}: value {ulp}" in result.stderr, result.stderr[-3000:]
@@ -227,27 +240,12 @@ def test_an_init_answer_beyond_the_tolerance_fails_validate_naming_the_init_chec
     fails served_init_vs_reference_v2 of cnn/jax and served_init_across_servers of every pair with jax, and
     nothing else but the documented collateral, served_init_vs_in_process_v2 of cnn/jax (the answer is no longer
     the one train_export's models.predict gave, bit for bit)."""
-    rel = paths.served_logits("jax", "v2")
-    path, index_path = copy.root / rel, copy.root / paths.SERVED_INDEX
     tolerance = yaml.safe_load((copy.root / "params.yaml").read_text())["tolerances"]["forward_parity_abs"]
-    saved = {path: path.read_bytes(), index_path: index_path.read_bytes()}
-    try:
-        with np.load(path, allow_pickle=False) as npz:
-            arrays = {key: npz[key] for key in npz.files}
-        logits = arrays[init_name("cnn")].copy()
+
+    def smallest_down(logits: np.ndarray) -> None:
         logits[0, logits[0].argmin()] -= np.float32(3 * tolerance)
-        arrays[init_name("cnn")] = logits
-        buffer = io.BytesIO()
-        np.savez(buffer, **arrays)
-        replace_file(path, buffer.getvalue())
-        index = json.loads(index_path.read_text())
-        index["sha256"][rel.relative_to(paths.SERVED).as_posix()] = sha256(path)
-        replace_file(index_path, json.dumps(index, indent=2).encode())
-        result = sh(VALIDATE, copy.root, copy.env, check=False)
-        report = json.loads((copy.root / paths.VALIDATION).read_text())
-    finally:
-        for saved_path, data in saved.items():
-            replace_file(saved_path, data)
+
+    result, report = validate_with_served_answer(copy, "jax", "v2", init_name("cnn"), smallest_down)
     assert result.returncode != 0
     failed = {(r["model"], r["framework"], r["check"]) for r in report["checks"] if not r["passed"]}
     judged = {("cnn", "jax", names.served(names.SERVED_INIT_VS_REFERENCE, "v2"))} | {
