@@ -696,10 +696,21 @@ ZERO_TOLERANCE_CASES: list[tuple[str, str, Perturb]] = [
 # the native logits it must reproduce, without the framework's model being retrained is no longer the model the
 # framework trained, which trained_weights_vs_native judges. Such a row may fail beside the probed one (beyond),
 # and may be the only one that fails (inside); no other row may.
+# Likewise for the init twins the servers answered (pipelines/checks/serving.py): the init logits native_outputs.npz
+# records, edited, are no longer what that framework's server computed from the same weights
+# (served_init_vs_in_process); the init weights the reference reads, edited, move every served init answer's
+# distance to the reference as they move init.onnx's (served_init_vs_reference, served_onnx_init_vs_reference).
+# The ONNX server serves ONNX_FROM's files, so its rows' subject is that framework.
+ONNX_FROM = "torch"  # pipelines.serving.ONNX_FROM, as the tiny run's serve stage served it
 COLLATERAL: dict[str, set[Key]] = {
     "onnx_vs_native-cnn-torch": {("cnn", "torch", "trained_weights_vs_native")},
     "running_mean_rel-resnet-tf": {("resnet", "tf", "trained_weights_vs_native")},
     "running_var_rel-resnet-torch": {("resnet", "torch", "trained_weights_vs_native")},
+    "init_onnx_vs_native-attention-tf": {("attention", "tf", f"served_init_vs_in_process_{p}")
+                                         for p in paths.SERVED_PROTOCOLS},
+    "init_onnx_vs_reference-cnn": {("cnn", fw, f"served_init_vs_reference_{p}") for fw in ("torch", "tf", "jax")
+                                   for p in paths.SERVED_PROTOCOLS}
+    | {("cnn", ONNX_FROM, f"served_onnx_init_vs_reference_{p}") for p in paths.SERVED_PROTOCOLS},
 }
 
 
@@ -848,8 +859,12 @@ def test_validate_judges_the_tolerance(judged: Callable[[Case], tuple[Judged, An
     if not case.passes:
         assert_failed_naming(run.result, rows, set(pushed), output, collateral)
     else:
+        # The case's own model fails nothing but its collateral; the run as a whole (shared with other models'
+        # cases) nothing but the collateral of its cases, and it exits non-zero exactly when something failed.
         failed = {k for k, r in run.rows.items() if not r["passed"]}
-        assert failed <= collateral and (run.result.returncode == 0) is (not failed), output
+        assert {k for k in failed if k[0] == case.model} <= collateral, output
+        round_collateral = set().union(*(COLLATERAL.get(id.rsplit("-", 1)[0], set()) for id in run.returned))
+        assert failed <= round_collateral and (run.result.returncode == 0) is (not failed), output
         assert all(rows[k]["passed"] for k in pushed), output
         for k in pushed:
             before, after = finished_run.baseline[k], rows[k]
@@ -867,11 +882,13 @@ def native_files(ws: Workspace, model: str, framework: str) -> list[Path]:
 
 
 def unjudged(ws: Workspace, model: str, framework: str) -> set[Key]:
-    """A run that fails artifacts_intact is not judged further: every other row of it, and every pair it is in."""
+    """A run that fails artifacts_intact is not judged further: every other row of it, and every pair it is in
+    (the ONNX server's pairs too, where it serves that framework's files)."""
+    subjects = {framework} | ({"onnx"} if framework == ONNX_FROM else set())
     return {
         k
         for k in ws.run.baseline
-        if k[0] == model and framework in k[1].split("|") and k != (model, framework, "artifacts_intact")
+        if k[0] == model and subjects & set(k[1].split("|")) and k != (model, framework, "artifacts_intact")
     }
 
 
