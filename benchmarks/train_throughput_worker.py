@@ -48,7 +48,7 @@ def subset(data: Dataset, samples: int | None) -> Dataset:
     """The first `samples` training images (the prepared split is already shuffled by the seed), or all."""
     if samples is None or samples >= len(data.train_labels):
         return data
-    return dataclasses.replace(data, train_images=data.train_images[:samples], train_labels=data.train_labels[:samples])
+    return dataclasses.replace(data, train_inputs=data.train_inputs[:samples], train_labels=data.train_labels[:samples])
 
 
 def run_case(backend: Any, idiomatic: Any, spec: Any, case: dict[str, Any], repeats: int, extra: list[str],

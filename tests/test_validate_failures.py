@@ -345,7 +345,7 @@ def flip_predictions(ws: Workspace, model: str, framework: str, change: int) -> 
     right = logits.argmax(axis=1) == labels
     margin = margins(logits, labels)
     past_batch = np.arange(len(labels)) >= ws.validation_batch_size()
-    flippable = past_batch & (right == (change < 0)) & (margin > MARGIN) & unique_images(data.test_images)
+    flippable = past_batch & (right == (change < 0)) & (margin > MARGIN) & unique_images(data.test_inputs)
     candidates = np.flatnonzero(flippable)
     rows = candidates[np.argsort(margin[candidates], kind="stable")][: abs(change)]
     assert len(rows) == abs(change), f"only {len(candidates)} images can flip, {abs(change)} needed"
@@ -472,7 +472,7 @@ def accuracy_flips(model: str, framework: str) -> Perturb:
         baseline, bound = worst(rows)
         change = accuracy_change(side, figures, framework, bound, aim(side, baseline, bound))
         flipped, offsets = flip_predictions(ws, model, framework, change)
-        gate_onnx(ws, paths.onnx_model(model, framework), ws.data().test_images[flipped], offsets)
+        gate_onnx(ws, paths.onnx_model(model, framework), ws.data().test_inputs[flipped], offsets)
         rehash(ws, paths.run_dir(model, framework))
         return [key(r) for r in rows]
 

@@ -132,7 +132,7 @@ def measure_ort(root: Path, out: Path) -> None:
     from rosetta_common.spec import load_spec
 
     spec = load_spec(root / paths.PARAMS)
-    images = load_prepared(root / paths.PREPARED).test_images
+    images = load_prepared(root / paths.PREPARED).test_inputs
     settings = latency.Settings(batch_sizes=LATENCY_BATCHES)
     rows = []
     for fw in FRAMEWORKS:

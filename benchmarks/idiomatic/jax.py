@@ -90,7 +90,7 @@ def train(model: nnx.Module, data: Dataset, batch_size: int, optimizer: AdamSpec
         losses = []
         for idx in order:
             mask = None if masks is None else masks[step]
-            params, rest, opt_state, loss = train_step(params, rest, opt_state, data.train_images[idx],
+            params, rest, opt_state, loss = train_step(params, rest, opt_state, data.train_inputs[idx],
                                                        data.train_labels[idx], mask)
             losses.append(loss)
             step += 1

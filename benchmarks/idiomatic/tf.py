@@ -110,12 +110,12 @@ def train(model: keras.Model, data: Dataset, batch_size: int, optimizer: AdamSpe
 
         options["metrics"] = [StepLoss()]
         callbacks.append(_StepLosses())
-    trainer, inputs = model, data.train_images
+    trainer, inputs = model, data.train_inputs
     if variant == "shared_masks":
         from rosetta_tf.models import MASK_INPUT, model_config, training_view
 
         masks = sample_masks(model_config(model), len(data.train_labels), batch_size, optimizer, seed)
-        trainer, inputs = training_view(model), {INPUT_NAME: data.train_images, MASK_INPUT: masks}
+        trainer, inputs = training_view(model), {INPUT_NAME: data.train_inputs, MASK_INPUT: masks}
     trainer.compile(optimizer=opt, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), **options)
     trainer.fit(inputs, data.train_labels, batch_size=batch_size, epochs=epochs, shuffle=True, verbose=0,
                 callbacks=callbacks)

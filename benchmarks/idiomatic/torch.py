@@ -85,7 +85,7 @@ def train(model: nn.Module, data: Dataset, batch_size: int, optimizer: AdamSpec 
     if variant is not None and variant not in {**TRICKS, **PARITY}:
         raise ValueError(f"variant = {variant!r}: unknown; allowed: {', '.join({**TRICKS, **PARITY})}")
     device = next(model.parameters()).device
-    dataset = TensorDataset(torch.from_numpy(data.train_images), torch.from_numpy(data.train_labels))
+    dataset = TensorDataset(torch.from_numpy(data.train_inputs), torch.from_numpy(data.train_labels))
     loader = DataLoader(dataset, batch_size=batch_size, shuffle=True, generator=torch.Generator().manual_seed(seed))
     masks = None
     if variant == "shared_masks":  # as our train() does: every step's mask drawn up front, on the device

@@ -33,7 +33,7 @@ def read_run(log_path: Any, weights_path: Any, config: ModelConfig, train_plan: 
     """One trained run as the validator reads it: step losses, canonical weights, test figures computed here."""
     losses = read_step_losses(log_path, train_plan.num_steps, workers)
     weights = load_weights(weights_path, config)
-    logits = forward(config, weights, data.test_images)
+    logits = forward(config, weights, data.test_inputs)
     return Side(losses, softmax_cross_entropy(logits, data.test_labels), accuracy(logits, data.test_labels), weights)
 
 

@@ -56,7 +56,7 @@ def check_framework(spec: Spec, ledger: Ledger, arch: str, fw: str, data: Any, b
                "test_loss": softmax_cross_entropy(test_logits, data.test_labels),
                "test_predictions": np.argmax(test_logits, axis=1)}
     if "model" in sessions:
-        onnx_acc = accuracy(run_onnx(sessions["model"], data.test_images), data.test_labels)
+        onnx_acc = accuracy(run_onnx(sessions["model"], data.test_inputs), data.test_labels)
         ledger.add(arch, fw, names.ONNX_TEST_ACCURACY_EQUALS_NATIVE, abs(onnx_acc - figures["test_accuracy"]), 0.0,
                    onnx_acc == figures["test_accuracy"],
                    f"onnx {onnx_acc:.4f}, native {figures['test_accuracy']:.4f}")

@@ -78,7 +78,7 @@ def record_training(backend: ModuleType, job: Job, model: Any, result: TrainResu
     check_training(result, job.plan, where)
     trained = backend.to_canonical(model)
     check_weights(trained, job.config, f"{where}: trained weights")  # names, shapes, all finite
-    test_logits = backend.predict(model, data.test_images)
+    test_logits = backend.predict(model, data.test_inputs)
     save_weights(out / "trained.safetensors", trained, job.arch, framework=backend.FRAMEWORK)
     write_json(out / "train_log.json", {
         "framework": backend.FRAMEWORK, "model": job.arch, **job.plan.describe(), **run,

@@ -69,7 +69,7 @@ def train_replicates(backend: ModuleType, spec: Spec, job: Job, data: Dataset, o
         model = backend.build(job.config, init)
         result = backend.train(model, job.plan, data)
         check_training(result, job.plan, f"{where} replicate {i}")
-        logits = backend.predict(model, data.test_images)
+        logits = backend.predict(model, data.test_inputs)
         predictions.append(np.argmax(logits, axis=1).astype(np.int16))
         for name, value in backend.to_canonical(model).items():
             if is_statistic(name):
@@ -106,7 +106,7 @@ def record_outputs(backend: ModuleType, job: Job, model: Any, initial: Any, data
     the sha256 of the files it was measured on."""
     logits = backend.predict(model, batch)
     arrays = {"validation_logits": logits, "init_validation_logits": backend.predict(initial, batch),
-              "test_logits": backend.predict(model, data.test_images)}
+              "test_logits": backend.predict(model, data.test_inputs)}
     roundtrip = {}
     for fmt, predict in backend.load_native(out / "native").items():
         runs = np.stack([predict(batch), predict(batch)])
@@ -216,7 +216,7 @@ def measure_model(backend: ModuleType, run: Trained, data: Dataset, clock: measu
     fw, arch = backend.FRAMEWORK, run.job.arch
     started = time.time()
     with clock.phase(f"{arch}.latency"):
-        measured_latency = measure_latency(backend, run.model, paths.onnx_model(arch, fw), data.test_images)
+        measured_latency = measure_latency(backend, run.model, paths.onnx_model(arch, fw), data.test_inputs)
     measurements.write(arch, fw, {
         "framework": fw, "model": arch, "stage": f"train_export@{fw}",
         "train": {"train_seconds": run.result.train_seconds, "epoch_seconds": run.result.epoch_seconds,

@@ -20,9 +20,9 @@ def test_digits_split_is_deterministic_and_well_formed():
     a = prepare(DataSpec(), seed=0)
     b = prepare(DataSpec(), seed=0)
     c = prepare(DataSpec(), seed=1)
-    assert a.train_images.shape == (1438, 8, 8) and a.test_images.shape == (359, 8, 8)
-    assert a.train_images.dtype == np.float32 and a.train_labels.dtype == np.int64
-    assert a.train_images.min() >= 0.0 and a.train_images.max() <= 1.0
+    assert a.train_inputs.shape == (1438, 8, 8) and a.test_inputs.shape == (359, 8, 8)
+    assert a.train_inputs.dtype == np.float32 and a.train_labels.dtype == np.int64
+    assert a.train_inputs.min() >= 0.0 and a.train_inputs.max() <= 1.0
     assert a.num_classes == 10 and a.image_shape == (8, 8)
     np.testing.assert_array_equal(a.test_labels, b.test_labels)
     assert not np.array_equal(a.test_labels, c.test_labels)
@@ -32,7 +32,7 @@ def test_prepared_round_trip(tmp_path):
     data = prepare(DataSpec(), seed=0)
     save_prepared(data, tmp_path / "prepared")
     back = load_prepared(tmp_path / "prepared")
-    for name in ("train_images", "train_labels", "test_images", "test_labels"):
+    for name in ("train_inputs", "train_labels", "test_inputs", "test_labels"):
         np.testing.assert_array_equal(getattr(back, name), getattr(data, name))
     assert sorted(p.name for p in (tmp_path).iterdir()) == ["prepared"]  # no temporary left behind
 
@@ -71,8 +71,8 @@ def test_idx_source_reads_small_files(tmp_path, gz):
     arrays = _write_mnist_like(tmp_path / "mnist", np.random.default_rng(0), gz=gz)
     data = prepare(DataSpec(source="idx", idx_dir="mnist"), seed=0, root=tmp_path)
     assert isinstance(data, Dataset)
-    assert data.train_images.shape == (20, 5, 4) and data.test_images.shape == (6, 5, 4)
-    np.testing.assert_allclose(data.train_images * 255, arrays["train-images-idx3-ubyte"], atol=1e-4)
+    assert data.train_inputs.shape == (20, 5, 4) and data.test_inputs.shape == (6, 5, 4)
+    np.testing.assert_allclose(data.train_inputs * 255, arrays["train-images-idx3-ubyte"], atol=1e-4)
     np.testing.assert_array_equal(data.test_labels, arrays["t10k-labels-idx1-ubyte"])
 
 
@@ -96,9 +96,9 @@ def test_idx_errors_name_the_problem(tmp_path):
 
 def test_mnist5k_is_read_from_mlxtends_wheel():
     data = prepare(DataSpec(source="mnist5k"), seed=0)
-    assert data.train_images.shape == (4000, 28, 28) and data.test_images.shape == (1000, 28, 28)
-    assert data.num_classes == 10 and data.train_images.dtype == np.float32
-    assert data.train_images.min() >= 0.0 and data.train_images.max() == 1.0
+    assert data.train_inputs.shape == (4000, 28, 28) and data.test_inputs.shape == (1000, 28, 28)
+    assert data.num_classes == 10 and data.train_inputs.dtype == np.float32
+    assert data.train_inputs.min() >= 0.0 and data.train_inputs.max() == 1.0
 
 
 def test_idx_labels_that_skip_classes_are_refused(tmp_path):
@@ -111,21 +111,21 @@ def test_idx_labels_that_skip_classes_are_refused(tmp_path):
 @pytest.mark.parametrize(
     ("damage", "message"),
     [
-        (lambda d: {**d, "train_images": d["train_images"].reshape(len(d["train_images"]), -1)},
+        (lambda d: {**d, "train_inputs": d["train_inputs"].reshape(len(d["train_inputs"]), -1)},
          r"train images: float32 \(1438, 64\), expected float32 \(n, height, width\)"),
-        (lambda d: {**d, "train_images": d["train_images"].astype(np.float64)}, "train images: float64"),
-        (lambda d: {**d, "test_images": d["test_images"] * 16}, r"test images: values in \[0, 16\], expected \[0, 1\]"),
-        (lambda d: {**d, "test_images": np.full_like(d["test_images"], np.nan)}, "non-finite values"),
+        (lambda d: {**d, "train_inputs": d["train_inputs"].astype(np.float64)}, "train images: float64"),
+        (lambda d: {**d, "test_inputs": d["test_inputs"] * 16}, r"test images: values in \[0, 16\], expected \[0, 1\]"),
+        (lambda d: {**d, "test_inputs": np.full_like(d["test_inputs"], np.nan)}, "non-finite values"),
         (lambda d: {**d, "test_labels": d["test_labels"].astype(np.float32)}, "test labels: float32"),
         (lambda d: {**d, "test_labels": d["test_labels"][:-1]},
          r"test labels: int64 \(358,\), expected int64 \(359,\)"),
-        (lambda d: {**d, "test_images": d["test_images"][:, :4]}, r"test images: \(4, 8\) per image"),
+        (lambda d: {**d, "test_inputs": d["test_inputs"][:, :4]}, r"test images: \(4, 8\) per image"),
     ],
     ids=["flattened", "float64", "rescaled", "nan", "float_labels", "unpaired_labels", "shape_mismatch"],
 )
 def test_prepared_files_are_checked_on_load(tmp_path, damage, message):
     data = prepare(DataSpec(), seed=0)
-    names = ("train_images", "train_labels", "test_images", "test_labels")
+    names = ("train_inputs", "train_labels", "test_inputs", "test_labels")
     arrays = damage({name: getattr(data, name) for name in names})
     (tmp_path / "prepared").mkdir()
     for part in ("train", "test"):

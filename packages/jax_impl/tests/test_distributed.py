@@ -112,7 +112,7 @@ def test_one_worker_on_the_global_mesh_trains_as_train_does(arch: str) -> None:
     got, want = rosetta_jax.to_canonical(model), rosetta_jax.to_canonical(reference)
     for name in want:
         np.testing.assert_allclose(got[name], want[name], rtol=0, atol=1e-6, err_msg=name)
-    np.testing.assert_allclose(rosetta_jax.predict(model, data.test_images),
-                               rosetta_jax.predict(reference, data.test_images), rtol=0, atol=1e-5)
+    np.testing.assert_allclose(rosetta_jax.predict(model, data.test_inputs),
+                               rosetta_jax.predict(reference, data.test_inputs), rtol=0, atol=1e-5)
     assert result.workers == 1 and "jax.distributed" in result.engine
     assert len(result.epoch_seconds) == train_plan.epochs

@@ -90,7 +90,7 @@ def test_the_first_step_is_the_float64_references(arch: str) -> None:
     result = rosetta_jax.train(model, train_plan, data)
     batch = train_plan.batches(0)[0]
     masks = dropout_masks(train_plan, config)
-    logits, statistics = forward_train(config, start, data.train_images[batch], None if masks is None else masks[0])
+    logits, statistics = forward_train(config, start, data.train_inputs[batch], None if masks is None else masks[0])
     expected = softmax_cross_entropy(logits, data.train_labels[batch])
     assert abs(result.step_losses[0] - expected) <= spec.tolerances.step1_loss_rel * expected
     after = rosetta_jax.to_canonical(model)

@@ -94,7 +94,7 @@ def _plain_loop(model: keras.Model, train_plan: TrainPlan, data: Dataset) -> lis
 
     losses = []
     for s, idx in enumerate(train_plan.all_batches()):
-        images = data.train_images[idx]
+        images = data.train_inputs[idx]
         inputs = images if masks is None else {INPUT_NAME: images, MASK_INPUT: masks[s]}
         losses.append(float(step(inputs, data.train_labels[idx])))
     return losses
@@ -168,7 +168,7 @@ def test_first_step_loss_is_the_references(arch: str) -> None:
 
     def reference_loss(step: int) -> float:
         mask = None if masks is None else masks[step]
-        return softmax_cross_entropy(forward_train(config, weights, data.train_images[idx], mask)[0],
+        return softmax_cross_entropy(forward_train(config, weights, data.train_inputs[idx], mask)[0],
                                      data.train_labels[idx])
 
     assert abs(result.step_losses[0] - reference_loss(0)) <= STEP1_REL * reference_loss(0)

@@ -157,7 +157,7 @@ def test_one_worker_returns_the_plain_module_trained_as_train_does(one_worker: C
     if arch == "lstm":
         assert not model.lstm.bias_hh_l0.requires_grad and not torch.any(model.lstm.bias_hh_l0)
 
-    images = data.test_images[:5]
+    images = data.test_inputs[:5]
     rosetta_torch.export_native(model, tmp_path / "native", images[:1])
     rosetta_torch.export_onnx(model, tmp_path / "model.onnx", images[:1])
     for name, predict in rosetta_torch.load_native(tmp_path / "native").items():

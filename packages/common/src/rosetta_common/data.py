@@ -41,14 +41,14 @@ _IDX_DTYPES = {
 
 @dataclass(frozen=True)
 class Dataset:
-    train_images: np.ndarray  # (n, h, w) float32 in [0, 1]
+    train_inputs: np.ndarray  # images: (n, h, w) float32 in [0, 1]; tokens: (n, length) int64, pad id 0
     train_labels: np.ndarray  # (n,) int64
-    test_images: np.ndarray
+    test_inputs: np.ndarray
     test_labels: np.ndarray
 
     @property
     def image_shape(self) -> tuple[int, int]:
-        return tuple(self.train_images.shape[1:])  # type: ignore[return-value]
+        return tuple(self.train_inputs.shape[1:])  # type: ignore[return-value]
 
     @property
     def num_classes(self) -> int:
@@ -58,13 +58,13 @@ class Dataset:
         """The fixed batch on which every exported model's logits are compared: the first `size` test images.
         SpecError (params.yaml's export.validation_batch_size) if the test split has fewer: a shorter batch
         would be taken silently. Every stage that takes the batch calls this while it checks its inputs."""
-        available = len(self.test_images)
+        available = len(self.test_inputs)
         if size > available:
             raise SpecError(
                 f"params.yaml: export.validation_batch_size = {size}: must be at most {available}, "
                 f"the number of test images of the prepared data"
             )
-        return self.test_images[:size]
+        return self.test_inputs[:size]
 
 
 def batch_sha256(images: np.ndarray) -> str:
@@ -125,9 +125,9 @@ def load_idx_folder(folder: Path, max_pixel: float | None, shown: str | None = N
             raise DataError(f"{files[f'{part}_labels']}: shape {labels.shape}, expected ({len(images)},) labels, "
                             f"one per image of {files[f'{part}_images'].name}")
     return Dataset(
-        train_images=(arrays["train_images"].astype(np.float32) / scale),
+        train_inputs=(arrays["train_images"].astype(np.float32) / scale),
         train_labels=arrays["train_labels"].astype(np.int64),
-        test_images=(arrays["test_images"].astype(np.float32) / scale),
+        test_inputs=(arrays["test_images"].astype(np.float32) / scale),
         test_labels=arrays["test_labels"].astype(np.int64),
     )
 
@@ -206,7 +206,7 @@ def prepare(spec: DataSpec, seed: int, root: Path = Path()) -> Dataset:
     else:
         data = load_idx_folder(root / str(spec.idx_dir), spec.max_pixel, shown=spec.idx_dir)
         source = f"data.idx_dir = {spec.idx_dir!r}"
-    for name in ("train_images", "test_images"):
+    for name in ("train_inputs", "test_inputs"):
         values = getattr(data, name)
         if values.min() < 0 or values.max() > 1:
             raise SpecError(f"params.yaml: data.max_pixel = {spec.max_pixel}: {name} fall outside [0, 1] after scaling")
@@ -218,8 +218,8 @@ def save_prepared(data: Dataset, folder: str | Path) -> None:
     folder = Path(folder)
     with atomic_path(folder) as tmp:
         tmp.mkdir()
-        np.savez(tmp / "train.npz", images=data.train_images, labels=data.train_labels)
-        np.savez(tmp / "test.npz", images=data.test_images, labels=data.test_labels)
+        np.savez(tmp / "train.npz", images=data.train_inputs, labels=data.train_labels)
+        np.savez(tmp / "test.npz", images=data.test_inputs, labels=data.test_labels)
 
 
 def load_prepared(folder: str | Path = "data/prepared") -> Dataset:
@@ -261,4 +261,4 @@ def epoch_batches(num_samples: int, batch_size: int, seed: int, epoch: int) -> l
 
 def iterate_batches(data: Dataset, batch_size: int, seed: int, epoch: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     for idx in epoch_batches(len(data.train_labels), batch_size, seed, epoch):
-        yield data.train_images[idx], data.train_labels[idx]
+        yield data.train_inputs[idx], data.train_labels[idx]

@@ -161,7 +161,7 @@ def train_data_parallel(config: ModelConfig, weights: Weights, plan: TrainPlan, 
     def step(state: TrainState, idx: np.ndarray, s: int) -> tuple[TrainState, jax.Array]:
         own = idx[rows]
         mask = None if masks is None else shard(masks[s][rows])
-        *state, loss = train_step(*state, shard(data.train_images[own]), shard(data.train_labels[own]), mask)
+        *state, loss = train_step(*state, shard(data.train_inputs[own]), shard(data.train_labels[own]), mask)
         return tuple(state), loss
 
     def read(losses: list[jax.Array]) -> list[float]:

@@ -167,7 +167,7 @@ def train(model: Model, plan: TrainPlan, data: Dataset) -> TrainResult:
         # The numpy row, as the images are: the jitted call moves it with them. Indexing a device array here
         # would be an eager op of its own every step (about 0.1 ms, measured).
         mask = None if masks is None else masks[s]
-        *state, loss = train_step(*state, data.train_images[idx], data.train_labels[idx], mask)
+        *state, loss = train_step(*state, data.train_inputs[idx], data.train_labels[idx], mask)
         return tuple(state), loss
 
     def read(losses: list[jax.Array]) -> list[float]:

@@ -180,7 +180,7 @@ def plan_batches(plan: TrainPlan, data: Dataset, masks: np.ndarray | None = None
     """
     if plan.num_samples != len(data.train_labels):
         raise ValueError(f"the plan is for {plan.num_samples} training samples, the data has {len(data.train_labels)}")
-    images, labels = tf.constant(data.train_images, tf.float32), tf.constant(data.train_labels, tf.int64)
+    images, labels = tf.constant(data.train_inputs, tf.float32), tf.constant(data.train_labels, tf.int64)
     batches = plan.all_batches()[:, rows]
     if masks is None:
         ds = tf.data.Dataset.from_tensor_slices(batches)

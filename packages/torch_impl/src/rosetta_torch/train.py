@@ -100,7 +100,7 @@ def run_epochs(model: nn.Module, module: nn.Module, plan: TrainPlan, data: Datas
     if plan.num_samples != len(data.train_labels):  # the plan's batches index this data set
         raise ValueError(f"plan for {plan.num_samples} training samples, data has {len(data.train_labels)}")
     device = model_device(model)
-    images = torch.from_numpy(np.ascontiguousarray(data.train_images, np.float32)).to(device)
+    images = torch.from_numpy(np.ascontiguousarray(data.train_inputs, np.float32)).to(device)
     labels = torch.from_numpy(np.ascontiguousarray(data.train_labels, np.int64)).to(device)
     masks = dropout_masks(plan, model.config)  # (num_steps, batch, features), or None: no dropout
     masks_t = None if masks is None else torch.from_numpy(np.ascontiguousarray(masks[:, rows])).to(device)

@@ -31,7 +31,7 @@ def main(framework: str, out: str) -> None:
         arrays[f"{arch}/epoch_losses"] = np.asarray(result.epoch_losses, np.float64)
         arrays[f"{arch}/epoch_seconds"] = np.asarray(result.epoch_seconds, np.float64)
         arrays[f"{arch}/num_steps"] = np.asarray(train_plan.num_steps)
-        arrays[f"{arch}/logits"] = backend.predict(model, data.test_images)
+        arrays[f"{arch}/logits"] = backend.predict(model, data.test_inputs)
         for name, value in backend.to_canonical(model).items():
             arrays[f"{arch}/weights/{name}"] = value
     with open(out, "wb") as f:
