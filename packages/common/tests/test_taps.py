@@ -8,7 +8,7 @@ import pytest
 
 from rosetta_common.reference import forward, forward_train, forward_with_taps
 from rosetta_common.taps import first_divergent, tap_diffs, taps
-from rosetta_common.testing import ARCHS, asymmetric_weights, small_config
+from rosetta_common.testing import ARCHS, asymmetric_weights, random_inputs, small_config
 from rosetta_common.training import dropout_features
 
 
@@ -17,7 +17,8 @@ from rosetta_common.training import dropout_features
 def test_the_reference_returns_every_tap_in_order_and_shape(arch: str, training: bool) -> None:
     config = small_config(arch, (6, 10))
     weights = asymmetric_weights(config, 1)
-    images = np.random.default_rng(2).random((3, 6, 10), dtype=np.float32)
+    images = random_inputs(config, 3, 2) if config.input.kind == "tokens" else \
+        np.random.default_rng(2).random((3, 6, 10), dtype=np.float32)
     features = dropout_features(config)
     mask = None if features is None or not training else np.full((3, features), 1.25)
     got = forward_with_taps(config, weights, images, training=training, dropout_mask=mask)

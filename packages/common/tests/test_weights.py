@@ -8,7 +8,7 @@ from safetensors.numpy import save_file
 
 from rosetta_common.errors import ArtifactError, WeightsError
 from rosetta_common.reference import forward, max_pool2x2
-from rosetta_common.spec import ARCHITECTURES, ModelConfig, Spec, parse_spec
+from rosetta_common.spec import ARCHITECTURES, TOKEN_ARCHITECTURES, ModelConfig, Spec, parse_spec
 from rosetta_common.weights import (
     LAYOUT,
     canonical_shapes,
@@ -26,6 +26,8 @@ SMALL = parse_spec({"architecture": {"attention": {"embed_dim": 16, "num_heads":
 
 
 def config(arch: str, spec: Spec = SMALL, shape: tuple[int, int] = (8, 8)) -> ModelConfig:
+    if arch in TOKEN_ARCHITECTURES:  # a vocabulary of 50 ids, 12 positions
+        return ModelConfig.of_tokens(spec, arch, 50, 12, 10)
     return ModelConfig.of(spec, arch, shape, 10)
 
 
@@ -114,9 +116,11 @@ def test_reference_forward_pieces():
     assert pooled.shape == (2, 2, 2, 3)
     assert pooled[0, 0, 0, 0] == x[0, :2, :2, 0].max()
     images = np.random.default_rng(0).random((3, 8, 8), dtype=np.float32)
+    tokens = np.array([[3, 9, 0, 0], [7, 0, 0, 0], [4, 4, 2, 8]])  # padded, one row without padding
     for arch in ARCHITECTURES:
         c = config(arch)
         w = random_weights(canonical_shapes(c), seed=1)
+        images = tokens if arch in TOKEN_ARCHITECTURES else images
         logits = forward(c, w, images)
         assert logits.shape == (3, 10) and np.isfinite(logits).all()
         # batch independence: each row depends only on its own image

@@ -19,9 +19,10 @@ from pathlib import Path
 import numpy as np
 
 from rosetta_common.errors import ArtifactError, DataError
+from rosetta_common.inputs import PAD_ID
 from rosetta_common.io import atomic_path
 from rosetta_common.seeding import derive_seed
-from rosetta_common.spec import DataSpec, SpecError
+from rosetta_common.spec import TOKEN_ARCHITECTURES, DataSpec, ModelConfig, Spec, SpecError
 
 IDX_FILES = {
     "train_images": "train-images-idx3-ubyte",
@@ -45,6 +46,28 @@ class Dataset:
     train_labels: np.ndarray  # (n,) int64
     test_inputs: np.ndarray
     test_labels: np.ndarray
+    vocab_size: int | None = None  # tokens: the tokenizer's vocabulary (ids 0..vocab_size-1)
+
+    @property
+    def kind(self) -> str:
+        """"tokens" for token ids, "images" otherwise (rosetta_common.inputs)."""
+        return "tokens" if self.vocab_size is not None else "images"
+
+    @property
+    def max_length(self) -> int:
+        """tokens: the padded length of every row (the model's maximum)."""
+        return int(self.train_inputs.shape[1])
+
+    def model_config(self, spec: Spec, arch: str) -> ModelConfig:
+        """`arch`'s config on this data: the spec's section, this data's input and classes. SpecError for a model
+        that reads the other kind of input."""
+        wants = "tokens" if arch in TOKEN_ARCHITECTURES else "images"
+        if wants != self.kind:
+            raise SpecError(f"models: {arch!r} reads {wants}, this data set holds {self.kind}")
+        if self.kind == "tokens":
+            return ModelConfig.of_tokens(spec, arch, int(self.vocab_size), self.max_length,  # type: ignore[arg-type]
+                                         self.num_classes)
+        return ModelConfig.of(spec, arch, self.image_shape, self.num_classes)
 
     @property
     def image_shape(self) -> tuple[int, int]:
@@ -171,9 +194,12 @@ def check_dataset(data: Dataset, source: str) -> None:
     """Raise DataError (one line naming `source`) unless `data` is what every stage expects: images float32
     (n, height, width), finite, in [0, 1], the same image shape in both splits; labels int64, one per image,
     within 0..k-1 where every class 0..k-1 occurs in the training split."""
+    if data.kind == "tokens":
+        check_tokens(data, source)
+        return
     shape = None
     for part in ("train", "test"):
-        images, labels = getattr(data, f"{part}_images"), getattr(data, f"{part}_labels")
+        images, labels = getattr(data, f"{part}_inputs"), getattr(data, f"{part}_labels")
         where = f"{source}: {part} images"
         if images.dtype != np.float32 or images.ndim != 3 or len(images) == 0:
             raise DataError(f"{where}: {images.dtype} {images.shape}, expected float32 (n, height, width) with n > 0")
@@ -198,6 +224,34 @@ def check_dataset(data: Dataset, source: str) -> None:
                         f"expected within the train classes 0..{classes - 1}")
 
 
+def check_tokens(data: Dataset, source: str) -> None:
+    """Raise DataError (one line naming `source`) unless `data` is a token data set every stage can train on:
+    int64 (n, length) ids within the vocabulary, the same length in both splits, every row at least one token;
+    labels int64, one per row, every class 0..k-1 present in the training split."""
+    vocab = int(data.vocab_size)  # type: ignore[arg-type]
+    for part in ("train", "test"):
+        tokens, labels = getattr(data, f"{part}_inputs"), getattr(data, f"{part}_labels")
+        where = f"{source}: {part} tokens"
+        if tokens.dtype != np.int64 or tokens.ndim != 2 or len(tokens) == 0 or tokens.shape[1] == 0:
+            raise DataError(f"{where}: {tokens.dtype} {tokens.shape}, expected int64 (n, length) with n > 0")
+        if tokens.shape[1] != data.train_inputs.shape[1]:
+            raise DataError(f"{where}: length {tokens.shape[1]}, the train tokens' is {data.train_inputs.shape[1]}")
+        if tokens.min() < 0 or tokens.max() >= vocab:
+            raise DataError(f"{where}: ids in {int(tokens.min())}..{int(tokens.max())}, expected 0..{vocab - 1}")
+        empty = np.flatnonzero((tokens != PAD_ID).sum(axis=1) == 0)
+        if len(empty):
+            raise DataError(f"{where}: row {int(empty[0])} is all padding; every text needs a token")
+        if labels.dtype != np.int64 or labels.shape != (len(tokens),):
+            raise DataError(f"{source}: {part} labels: {labels.dtype} {labels.shape}, expected int64 ({len(tokens)},)")
+    classes = int(data.train_labels.max()) + 1
+    if data.train_labels.min() < 0 or len(np.unique(data.train_labels)) != classes or classes < 2:
+        raise DataError(f"{source}: train labels {sorted(set(data.train_labels.tolist()))[:5]}, expected 0..k-1 "
+                        "with every class present, k >= 2")
+    if data.test_labels.min() < 0 or data.test_labels.max() >= classes:
+        raise DataError(f"{source}: test labels in {int(data.test_labels.min())}..{int(data.test_labels.max())}, "
+                        f"expected within the train classes 0..{classes - 1}")
+
+
 def prepare(spec: DataSpec, seed: int, root: Path = Path()) -> Dataset:
     if spec.source == "digits":
         data, source = load_digits_split(spec.test_fraction, seed, spec.max_pixel), "digits"
@@ -214,12 +268,59 @@ def prepare(spec: DataSpec, seed: int, root: Path = Path()) -> Dataset:
     return data
 
 
-def save_prepared(data: Dataset, folder: str | Path) -> None:
+TEXT = "text"  # data/prepared/text/: the token data set and its tokenizer
+TOKENIZER = "tokenizer.json"
+
+
+def save_prepared(data: Dataset, folder: str | Path, text: Dataset | None = None,
+                  tokenizer_json: str | None = None) -> None:
+    """The image split (train.npz, test.npz) and, given, the token split with its tokenizer (text/), published
+    together (all or nothing)."""
     folder = Path(folder)
     with atomic_path(folder) as tmp:
         tmp.mkdir()
         np.savez(tmp / "train.npz", images=data.train_inputs, labels=data.train_labels)
         np.savez(tmp / "test.npz", images=data.test_inputs, labels=data.test_labels)
+        if text is not None:
+            (tmp / TEXT).mkdir()
+            vocab = np.asarray(text.vocab_size, np.int64)
+            np.savez(tmp / TEXT / "train.npz", tokens=text.train_inputs, labels=text.train_labels, vocab_size=vocab)
+            np.savez(tmp / TEXT / "test.npz", tokens=text.test_inputs, labels=text.test_labels, vocab_size=vocab)
+            (tmp / TEXT / TOKENIZER).write_text(tokenizer_json or "")
+
+
+def load_prepared_text(folder: str | Path = "data/prepared") -> Dataset:
+    """The prepared token split (folder/text/), checked (check_tokens)."""
+    root = Path(folder) / TEXT
+    parts, vocab = {}, None
+    for part in ("train", "test"):
+        path = root / f"{part}.npz"
+        try:
+            with np.load(path, allow_pickle=False) as f:
+                missing = {"tokens", "labels", "vocab_size"} - set(f.files)
+                if missing:
+                    raise DataError(f"{path}: lacks {sorted(missing)}; expected 'tokens', 'labels', 'vocab_size'")
+                parts[part] = (f["tokens"], f["labels"])
+                vocab = int(f["vocab_size"])
+        except FileNotFoundError:
+            raise ArtifactError(f"{path}: missing; run the data stage first (dvc repro data)") from None
+        except (zipfile.BadZipFile, ValueError, OSError, EOFError) as error:
+            raise DataError(f"{path}: not a readable .npz file ({str(error).splitlines()[0]})") from None
+    data = Dataset(*parts["train"], *parts["test"], vocab_size=vocab)
+    check_dataset(data, str(root))
+    return data
+
+
+def load_for(arch: str, folder: str | Path = "data/prepared", cache: dict[str, Dataset] | None = None) -> Dataset:
+    """The prepared data `arch` reads: the token split for a token model, the images otherwise (read once per
+    kind when `cache` is given)."""
+    kind = "tokens" if arch in TOKEN_ARCHITECTURES else "images"
+    if cache is not None and kind in cache:
+        return cache[kind]
+    data = load_prepared_text(folder) if kind == "tokens" else load_prepared(folder)
+    if cache is not None:
+        cache[kind] = data
+    return data
 
 
 def load_prepared(folder: str | Path = "data/prepared") -> Dataset:

@@ -43,3 +43,8 @@ def one_line(text: str) -> str:
 class DistributedError(RosettaError):
     """Data-parallel training could not run: a cluster description that does not add up, a coordinator that
     cannot be reached, a port already in use, a worker that died."""
+
+
+class InputError(RosettaError, ValueError):
+    """A model called with input it does not take: a wrong dtype or rank, token ids outside the vocabulary, a
+    sequence longer than the model's maximum, a row with no token, images of another shape."""

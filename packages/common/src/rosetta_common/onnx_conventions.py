@@ -1,6 +1,7 @@
 """The ONNX conventions every exporter meets, stated once: what a consumer of any Rosetta model.onnx can rely on.
 
-- one input named "images", float32 (batch, height, width) in [0, 1];
+- one input: "images", float32 (batch, height, width) in [0, 1], or, for a token model, "tokens", int64
+  (batch, length) with a dynamic "length" too (rosetta_common.inputs);
 - one output named "logits", float32 (batch, classes);
 - the batch dimension is dynamic and named "batch" on both (the exporters' own names differ: torch.onnx
   "batch", jax2onnx whatever it is given, tf2onnx "unk__<n>" and an unnamed output dimension);
@@ -15,9 +16,12 @@ from typing import Any
 
 from rosetta_common.errors import ExportError
 
-INPUT_NAME = "images"
+INPUT_NAME = "images"  # an image model's input (rosetta_common.inputs.InputSpec.name)
+TOKENS_NAME = "tokens"  # a token model's input
 OUTPUT_NAME = "logits"
 BATCH_DIM = "batch"
+LENGTH_DIM = "length"  # a token input's second, dynamic, dimension
+INT64 = 7  # onnx.TensorProto.INT64, without importing onnx
 
 # Opset policy, one per exporter. Each is the converter's own default or the newest it writes reliably, and
 # all run in ONNX Runtime 1.32. They differ on purpose: forcing one opset through three converters would
@@ -39,12 +43,14 @@ def conform(model: Any, framework: str) -> Any:
     graph = model.graph
     strip_source_paths(model)
     if len(graph.input) == 1 and _dims(graph.input[0]):
-        old = _dims(graph.input[0])[0].dim_param
-        if old and old != BATCH_DIM:
-            for info in (*graph.input, *graph.output, *graph.value_info):
-                for dim in _dims(info):
-                    if dim.dim_param == old:
-                        dim.dim_param = BATCH_DIM
+        names = [BATCH_DIM, LENGTH_DIM] if graph.input[0].name == TOKENS_NAME else [BATCH_DIM]
+        for dim_index, name in enumerate(names):
+            old = _dims(graph.input[0])[dim_index].dim_param
+            if old and old != name:
+                for info in (*graph.input, *graph.output, *graph.value_info):
+                    for dim in _dims(info):
+                        if dim.dim_param == old:
+                            dim.dim_param = name
     for out in graph.output:  # tf2onnx leaves the output's batch unnamed (or names it apart from the input's)
         dims = _dims(out)
         if dims and not dims[0].HasField("dim_value"):
@@ -76,8 +82,17 @@ def violations(model: Any, framework: str) -> list[str]:
     graph, problems = model.graph, []
     inputs = [i.name for i in graph.input if i.name not in {t.name for t in graph.initializer}]
     outputs = [o.name for o in graph.output]
-    if inputs != [INPUT_NAME]:
-        problems.append(f"inputs {inputs}, expected [{INPUT_NAME!r}]")
+    if inputs not in ([INPUT_NAME], [TOKENS_NAME]):
+        problems.append(f"inputs {inputs}, expected [{INPUT_NAME!r}] or [{TOKENS_NAME!r}]")
+    elif inputs == [TOKENS_NAME]:
+        tokens = graph.input[0]
+        dims = _dims(tokens)
+        if tokens.type.tensor_type.elem_type != INT64:
+            found = tokens.type.tensor_type.elem_type
+            problems.append(f"{TOKENS_NAME}: element type {found}, expected int64 ({INT64})")
+        if len(dims) != 2 or dims[1].dim_param != LENGTH_DIM:
+            second = (dims[1].dim_param or dims[1].dim_value) if len(dims) > 1 else None
+            problems.append(f"{TOKENS_NAME}: length dimension {second!r}, expected dynamic {LENGTH_DIM!r}")
     if outputs != [OUTPUT_NAME]:
         problems.append(f"outputs {outputs}, expected [{OUTPUT_NAME!r}]")
     for info in (*graph.input[:1], *graph.output[:1]):

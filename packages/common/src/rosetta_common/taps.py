@@ -16,6 +16,9 @@ The taps follow the reference's forward, step by step, in the order it computes 
 - recurrent layers tap the hidden state (and the LSTM its cell state) after every time step, (batch, time,
   hidden), not gate pre-activations (their layout is the one thing every framework orders differently);
 - `.relu` / `.gelu` taps are the activation's output, the tap named by the layer alone its pre-activation;
+- the text model's taps cover every position, padded ones too (each is computed as a query; padding is excluded
+  only as an attention key, where its weight is exactly 0, and from the pool); its attention is each framework's
+  built-in layer, whose q, k and v stay inside it, so its first attention tap is the weights;
 - `logits` is the model's output, what `predict` returns.
 """
 
@@ -36,13 +39,33 @@ class Tap:
     layout: str  # the axes, in words
 
 
-def taps(config: ModelConfig, batch: int) -> list[Tap]:
-    """Every tap of `config`'s architecture for a batch of `batch` images, in the order the forward computes them."""
-    arch, (height, width), classes, a = config.arch, config.image_shape, config.num_classes, config.settings
+def taps(config: ModelConfig, batch: int, length: int | None = None) -> list[Tap]:
+    """Every tap of `config`'s architecture for a batch of `batch` inputs (token models: of `length` tokens, the
+    maximum by default), in the order the forward computes them."""
+    arch, classes, a = config.arch, config.num_classes, config.settings
     b = batch
     features = "(batch, features)"
     nhwc = "NHWC (batch, height, width, channels)"
     logits = Tap("logits", (b, classes), "(batch, classes)")
+    if arch == "text_transformer":
+        e, m, heads, n = a.embed_dim, a.mlp_dim, a.num_heads, length or int(config.max_length)  # type: ignore[arg-type]
+        per_token = "(batch, tokens, features)"
+        return [
+            Tap("embed", (b, n, e), f"{per_token}: the token embedding plus the positions"),
+            Tap("block.norm1", (b, n, e), per_token),
+            Tap("block.attn.weights", (b, heads, n, n),
+                "(batch, heads, query token, key token): softmax, exactly 0 at padded keys"),
+            Tap("block.attn.out", (b, n, e), f"{per_token}: the output projection"),
+            Tap("block.norm2", (b, n, e), f"{per_token}: of the first residual sum"),
+            Tap("block.mlp.fc1", (b, n, m), per_token),
+            Tap("block.mlp.gelu", (b, n, m), per_token),
+            Tap("block.mlp.fc2", (b, n, e), per_token),
+            Tap("block", (b, n, e), f"{per_token}: the block's output, both residual sums"),
+            Tap("final_norm", (b, n, e), per_token),
+            Tap("pool", (b, e), f"{features}: the mean over real tokens (padding excluded)"),
+            logits,
+        ]
+    height, width = config.image_shape  # type: ignore[misc]
     if arch == "mlp":
         return [Tap("hidden", (b, a.hidden), features), Tap("hidden.relu", (b, a.hidden), features), logits]
     if arch == "cnn":
@@ -113,6 +136,12 @@ MODULE_SOURCES: dict[str, dict[str, tuple[str, str]]] = {
     },
     "lstm": {"lstm.hidden": ("lstm", "output"), "logits": ("head", "output")},
     "gru": {"gru.hidden": ("gru", "output"), "logits": ("head", "output")},
+    "text_transformer": {
+        "embed": ("block", "input"),
+        **{name: (name, "output") for name in ("block.norm1", "block.norm2", "block.mlp.fc1", "block.mlp.fc2",
+                                               "block", "final_norm")},
+        "block.mlp.gelu": ("block.mlp.fc2", "input"), "pool": ("head", "input"), "logits": ("head", "output"),
+    },
 }
 
 

@@ -6,13 +6,16 @@ from __future__ import annotations
 import numpy as np
 
 from rosetta_common.data import Dataset
-from rosetta_common.spec import ARCHITECTURES, ModelConfig, Spec, parse_spec
+from rosetta_common.inputs import random_batch, random_tokens
+from rosetta_common.spec import ARCHITECTURES, TOKEN_ARCHITECTURES, ModelConfig, Spec, parse_spec
 from rosetta_common.taps import first_divergent
 from rosetta_common.weights import Weights, canonical_shapes, random_weights
 
 ARCHS = ARCHITECTURES
 IMAGE_SHAPE = (8, 8)
 NUM_CLASSES = 10
+VOCAB_SIZE = 50  # the small token model's vocabulary and maximum length
+MAX_LENGTH = 12
 
 
 def small_spec(**train: object) -> Spec:
@@ -25,6 +28,7 @@ def small_spec(**train: object) -> Spec:
             "resnet": {"stem_filters": 4, "block_filters": 6},
             "lstm": {"hidden": 12},
             "gru": {"hidden": 10},
+            "text_transformer": {"embed_dim": 16, "num_heads": 4, "mlp_dim": 24},
         },
         "train": {"epochs": 2, "batch_size": 16, **train},
         # one number for every model, so the optimizer references can take spec.optimizers.* as they are
@@ -33,7 +37,15 @@ def small_spec(**train: object) -> Spec:
 
 
 def small_config(arch: str, image_shape: tuple[int, int] = IMAGE_SHAPE, spec: Spec | None = None) -> ModelConfig:
+    """The small model of `arch`: of `image_shape` images, or (token models) of VOCAB_SIZE ids and MAX_LENGTH."""
+    if arch in TOKEN_ARCHITECTURES:
+        return ModelConfig.of_tokens(spec or small_spec(), arch, VOCAB_SIZE, MAX_LENGTH, NUM_CLASSES)
     return ModelConfig.of(spec or small_spec(), arch, image_shape, NUM_CLASSES)
+
+
+def random_inputs(config: ModelConfig, batch: int, seed: int, length: int | None = None) -> np.ndarray:
+    """Random valid inputs for `config`: images in [0, 1), or padded token ids (rosetta_common.inputs)."""
+    return random_batch(config.input, batch, seed, length)
 
 
 def asymmetric_weights(config: ModelConfig, seed: int) -> Weights:
@@ -41,9 +53,17 @@ def asymmetric_weights(config: ModelConfig, seed: int) -> Weights:
 
 
 def learnable_data(n_train: int = 128, n_test: int = 32, seed: int = 0,
-                   image_shape: tuple[int, int] = IMAGE_SHAPE) -> Dataset:
-    """Random images with labels from a fixed random linear map of the pixels: learnable, unlike noise."""
+                   image_shape: tuple[int, int] = IMAGE_SHAPE, tokens: bool = False) -> Dataset:
+    """Random images with labels from a fixed random linear map of the pixels: learnable, unlike noise. With
+    `tokens`, padded token ids (VOCAB_SIZE, MAX_LENGTH) labelled by a random linear map of their counts."""
     rng = np.random.default_rng(seed)
+    if tokens:
+        ids = random_tokens(rng, n_train + n_test, MAX_LENGTH, VOCAB_SIZE)
+        counts = np.stack([np.bincount(row, minlength=VOCAB_SIZE)[1:] for row in ids]).astype(np.float64)
+        counts /= counts.sum(axis=1, keepdims=True)
+        projection = rng.normal(size=(VOCAB_SIZE - 1, NUM_CLASSES))
+        labels = (counts @ projection).argmax(axis=1).astype(np.int64)
+        return Dataset(ids[:n_train], labels[:n_train], ids[n_train:], labels[n_train:])
     images = rng.random((n_train + n_test, *image_shape), dtype=np.float32)
     projection = rng.normal(size=(image_shape[0] * image_shape[1], NUM_CLASSES))
     labels = ((images.reshape(len(images), -1) - 0.5) @ projection).argmax(axis=1).astype(np.int64)
@@ -79,5 +99,7 @@ def planted_case(arch: str, seed: int, image_shape: tuple[int, int] = (7, 10),
     """A config, asymmetric weights and a few images for planting a mistake: an odd height by default, so that
     the stride-2 "same" padding is (1, 1) down and (0, 1) across."""
     config = small_config(arch, image_shape)
+    if arch in TOKEN_ARCHITECTURES:
+        return config, asymmetric_weights(config, seed), random_inputs(config, batch, seed)
     images = np.random.default_rng(seed).random((batch, *image_shape), dtype=np.float32)
     return config, asymmetric_weights(config, seed), images

@@ -19,6 +19,10 @@ framework's package (`rosetta_<fw>/weights.py`):
 - GRU (`gru.*`): `kernel` (in, 3h) and `recurrent_kernel` (h, 3h) in the order reset, update, new (torch's
   r, z, n; Keras keeps z, r, h); `input_bias` and `recurrent_bias` (3h each), torch's formula, which Keras
   calls reset_after=True: n = tanh(x W_n + b_in + r * (h U_n + b_hn)).
+- text_transformer (`embed.*`, `block.*`, ...): `embed.embedding` (vocabulary, embed) whose row PAD_ID (0) starts at
+  zero, learned `pos_embedding` (max_length, embed) of which a batch of length T uses rows 0..T-1, then the
+  attention model's pre-norm block, except that all four attention projections have a bias (the frameworks'
+  built-in attention layers have biases on all or none); the out projection and the per-head columns as above.
 Files are safetensors (no pickle), float32, with the architecture and the layout in the metadata (one key,
 "rosetta", holding sorted JSON, so the same tensors always give the same bytes).
 """
@@ -35,6 +39,7 @@ from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
 
 from rosetta_common.errors import ArtifactError, WeightsError, one_line
+from rosetta_common.inputs import PAD_ID
 from rosetta_common.io import atomic_path
 from rosetta_common.seeding import derive_seed
 from rosetta_common.spec import ModelConfig
@@ -45,7 +50,29 @@ Weights = dict[str, np.ndarray]
 
 def canonical_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Name -> shape of every parameter of the model, in canonical layout and in a fixed order."""
-    arch, (height, width), num_classes, a = config.arch, config.image_shape, config.num_classes, config.settings
+    arch, num_classes, a = config.arch, config.num_classes, config.settings
+    if arch == "text_transformer":
+        e, m = a.embed_dim, a.mlp_dim
+        attn = {f"block.attn.{p}.{part}": (e, e) if part == "kernel" else (e,)
+                for p in ("query", "key", "value", "out") for part in ("kernel", "bias")}
+        return {
+            "embed.embedding": (int(config.vocab_size), e),  # type: ignore[arg-type]
+            "pos_embedding": (int(config.max_length), e),  # type: ignore[arg-type]
+            "block.norm1.scale": (e,),
+            "block.norm1.bias": (e,),
+            **attn,
+            "block.norm2.scale": (e,),
+            "block.norm2.bias": (e,),
+            "block.mlp.fc1.kernel": (e, m),
+            "block.mlp.fc1.bias": (m,),
+            "block.mlp.fc2.kernel": (m, e),
+            "block.mlp.fc2.bias": (e,),
+            "final_norm.scale": (e,),
+            "final_norm.bias": (e,),
+            "head.kernel": (e, num_classes),
+            "head.bias": (num_classes,),
+        }
+    height, width = config.image_shape  # type: ignore[misc]
     if arch == "mlp":
         hidden = a.hidden
         return {
@@ -150,7 +177,8 @@ def _glorot_limit(shape: tuple[int, ...]) -> float:
 
 def init_weights(config: ModelConfig, seed: int) -> Weights:
     """Deterministic initial weights: Glorot-uniform kernels (recurrent ones too), zero biases, unit norm
-    scales, N(0, 0.02) positional embeddings, running means 0 and variances 1.
+    scales, N(0, 0.02) positional and token embeddings (the padding row of the latter zero, as torch's padding_idx
+    leaves it), running means 0 and variances 1.
     Each tensor draws from its own sub-seed, so adding a parameter
     never changes the others."""
     weights: Weights = {}
@@ -161,8 +189,10 @@ def init_weights(config: ModelConfig, seed: int) -> Weights:
             value = rng.uniform(-limit, limit, size=shape)
         elif name.endswith((".scale", ".running_var")):
             value = np.ones(shape)
-        elif name == "pos_embedding":
+        elif name in ("pos_embedding", "embed.embedding"):
             value = rng.normal(0.0, 0.02, size=shape)
+            if name == "embed.embedding":
+                value[PAD_ID] = 0.0
         else:
             value = np.zeros(shape)
         weights[name] = value.astype(np.float32)
