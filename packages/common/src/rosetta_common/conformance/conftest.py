@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from rosetta_common.interface import BACKEND_MODULES, load_backend
-from rosetta_common.spec import ARCHITECTURES
+from rosetta_common.spec import ARCHITECTURES, TOKEN_ARCHITECTURES
+from rosetta_common.testing import random_inputs, small_config
 
 
 def framework_under_test() -> str:
@@ -37,3 +38,12 @@ def arch(request: pytest.FixtureRequest) -> str:
 @pytest.fixture(scope="session")
 def images() -> np.ndarray:
     return np.random.default_rng(7).random((7, 8, 8), dtype=np.float32)
+
+
+@pytest.fixture
+def inputs(arch: str, images: np.ndarray) -> np.ndarray:
+    """A batch of 7 of what `arch`'s small model reads: the images above, or padded token ids (every row a random
+    length, so that padding is always in play)."""
+    if arch in TOKEN_ARCHITECTURES:
+        return random_inputs(small_config(arch), 7, 7)
+    return images

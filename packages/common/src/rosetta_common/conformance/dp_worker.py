@@ -26,10 +26,11 @@ def main(framework: str, out: str) -> None:
     backend.configure(0)
     cluster = Cluster.from_environment(framework)
     backend.start_worker(cluster)
-    data, spec = learnable_data(), small_spec()
+    spec = small_spec()
     arrays: dict[str, np.ndarray] = {}
     for arch in ARCHS:
         config = small_config(arch)
+        data = learnable_data(tokens=config.input.kind == "tokens")
         train_plan = plan(spec, arch, len(data.train_labels))
         model, result = backend.train_data_parallel(config, asymmetric_weights(config, 11), train_plan, data,
                                                     cluster)

@@ -17,7 +17,7 @@ import numpy as np
 from rosetta_common.interface import load_backend
 from rosetta_common.io import sha256
 from rosetta_common.spec import ARCHITECTURES
-from rosetta_common.testing import asymmetric_weights, small_config
+from rosetta_common.testing import asymmetric_weights, random_inputs, small_config
 
 
 def main(framework: str, out: str) -> None:
@@ -29,8 +29,9 @@ def main(framework: str, out: str) -> None:
         config = small_config(arch)
         model = backend.build(config, asymmetric_weights(config, 40))
         folder = Path(out) / arch
-        backend.export_native(model, folder / "native", images)
-        backend.export_onnx(model, folder / "model.onnx", images)
+        example = random_inputs(config, 7, 7) if config.input.kind == "tokens" else images
+        backend.export_native(model, folder / "native", example)
+        backend.export_onnx(model, folder / "model.onnx", example)
         digests.update({str(p.relative_to(out)): sha256(p) for p in sorted(folder.rglob("*")) if p.is_file()})
     print(json.dumps(digests, sort_keys=True))
 

@@ -49,8 +49,8 @@ def two_worker_run(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, n
 
 
 def _single_process(backend: ModuleType, arch: str) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    data, spec = learnable_data(), small_spec()
-    config = small_config(arch)
+    spec, config = small_spec(), small_config(arch)
+    data = learnable_data(tokens=config.input.kind == "tokens")
     model = backend.build(config, asymmetric_weights(config, 11))
     result = backend.train(model, plan(spec, arch, len(data.train_labels)), data)
     return np.asarray(result.step_losses, np.float64), backend.to_canonical(model)

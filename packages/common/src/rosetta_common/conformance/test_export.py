@@ -13,27 +13,31 @@ import pytest
 
 from rosetta_common.errors import ArtifactError
 from rosetta_common.metrics import inference_mode_problems, max_abs_diff
-from rosetta_common.onnx_conventions import BATCH_DIM, INPUT_NAME, OUTPUT_NAME, violations
+from rosetta_common.onnx_conventions import BATCH_DIM, LENGTH_DIM, OUTPUT_NAME, violations
 from rosetta_common.spec import Spec
-from rosetta_common.testing import asymmetric_weights, small_config
+from rosetta_common.testing import asymmetric_weights, random_inputs, small_config
 
 TOLERANCES = Spec().tolerances  # the bounds the validate stage applies to the pipeline's own exports
 ONNX_BATCHES = (1, 7, 64)
 
 
-def test_native_formats_reload_to_the_same_logits(backend: ModuleType, arch: str, images: np.ndarray,
+def test_native_formats_reload_to_the_same_logits(backend: ModuleType, arch: str, inputs: np.ndarray,
                                                    tmp_path: Path) -> None:
     config = small_config(arch)
     model = backend.build(config, asymmetric_weights(config, 20))
     out = tmp_path / "native"
-    files = backend.export_native(model, out, images)
+    files = backend.export_native(model, out, inputs)
     assert files and all(Path(f).is_file() and out in Path(f).parents for f in files)
     assert not list(out.rglob("*.pkl")) and not list(out.rglob("*.pickle"))
-    expected = backend.predict(model, images)
+    expected = backend.predict(model, inputs)
     reloaded = backend.load_native(out)
     assert reloaded
     for name, predict in reloaded.items():
-        assert max_abs_diff(predict(images), expected) <= TOLERANCES.native_roundtrip_abs, name
+        assert max_abs_diff(predict(inputs), expected) <= TOLERANCES.native_roundtrip_abs, name
+    if config.input.kind == "tokens":  # every native format takes any length up to the maximum
+        short = random_inputs(config, 3, 23, length=4)
+        for name, predict in reloaded.items():
+            assert max_abs_diff(predict(short), backend.predict(model, short)) <= TOLERANCES.native_roundtrip_abs, name
 
 
 def test_load_native_of_a_missing_export_is_an_artifact_error(backend: ModuleType, tmp_path: Path) -> None:
@@ -42,7 +46,7 @@ def test_load_native_of_a_missing_export_is_an_artifact_error(backend: ModuleTyp
     assert "\n" not in str(raised.value)
 
 
-def test_onnx_meets_the_conventions_at_every_batch_size(backend: ModuleType, arch: str, images: np.ndarray,
+def test_onnx_meets_the_conventions_at_every_batch_size(backend: ModuleType, arch: str, inputs: np.ndarray,
                                                          tmp_path: Path) -> None:
     import onnx
     import onnxruntime as ort
@@ -50,19 +54,25 @@ def test_onnx_meets_the_conventions_at_every_batch_size(backend: ModuleType, arc
     config = small_config(arch)
     model = backend.build(config, asymmetric_weights(config, 21))
     path = tmp_path / "model.onnx"
-    backend.export_onnx(model, path, images)
+    backend.export_onnx(model, path, inputs)
     proto = onnx.load(str(path))
     onnx.checker.check_model(proto, full_check=True)
     assert violations(proto, backend.FRAMEWORK) == []
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    assert [i.name for i in session.get_inputs()] == [INPUT_NAME]
+    name = config.input.name
+    assert [i.name for i in session.get_inputs()] == [name]
     assert [o.name for o in session.get_outputs()] == [OUTPUT_NAME]
     assert session.get_inputs()[0].shape[0] == BATCH_DIM == session.get_outputs()[0].shape[0]
+    tokens = config.input.kind == "tokens"
+    if tokens:
+        assert session.get_inputs()[0].shape[1] == LENGTH_DIM and session.get_inputs()[0].type == "tensor(int64)"
     rng = np.random.default_rng(22)
-    for batch in ONNX_BATCHES:
-        x = rng.random((batch, *config.image_shape), dtype=np.float32)
+    lengths = (1, 5, config.input.max_length) if tokens else (None,)  # a dynamic length: short, middle, longest
+    for batch, length in ((b, n) for b in ONNX_BATCHES for n in lengths):
+        x = random_inputs(config, batch, batch, length) if tokens else \
+            rng.random((batch, *config.image_shape), dtype=np.float32)
         native = backend.predict(model, x)
-        (onnx_logits,) = session.run([OUTPUT_NAME], {INPUT_NAME: x})
+        (onnx_logits,) = session.run([OUTPUT_NAME], {name: x})
         bound = TOLERANCES.onnx_vs_native_abs + TOLERANCES.onnx_vs_native_rel * float(np.abs(native).max())
         assert onnx_logits.shape == (batch, config.num_classes)
         assert max_abs_diff(onnx_logits, native) <= bound, batch
@@ -88,23 +98,23 @@ def test_exports_repeat_byte_for_byte_across_processes(backend: ModuleType, tmp_
             assert needle.encode() not in data, f"{path.relative_to(tmp_path)} holds {needle}"
 
 
-def test_exports_run_in_inference_mode(backend: ModuleType, arch: str, images: np.ndarray, tmp_path: Path) -> None:
+def test_exports_run_in_inference_mode(backend: ModuleType, arch: str, inputs: np.ndarray, tmp_path: Path) -> None:
     """No dropout and no batch statistics in any export, even of a model that was just training."""
     import onnxruntime as ort
 
     config = small_config(arch)
     model = backend.build(config, asymmetric_weights(config, 22))
-    backend.forward_train(model, images, None)  # a model straight out of a training step
-    backend.export_onnx(model, tmp_path / "model.onnx", images)
+    backend.forward_train(model, inputs, None)  # a model straight out of a training step
+    backend.export_onnx(model, tmp_path / "model.onnx", inputs)
     # Unoptimized: ONNX Runtime's graph optimizations delete Dropout nodes even with training_mode set to a
     # constant True, which would hide the very mistake this looks for.
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     session = ort.InferenceSession(str(tmp_path / "model.onnx"), options, providers=["CPUExecutionProvider"])
-    runs = {name: predict for name, predict in backend.load_native(_native(backend, model, tmp_path, images)).items()}
-    runs["onnx"] = lambda x: session.run(None, {INPUT_NAME: x})[0]
+    runs = {name: predict for name, predict in backend.load_native(_native(backend, model, tmp_path, inputs)).items()}
+    runs["onnx"] = lambda x: session.run(None, {config.input.name: x})[0]
     for name, predict in runs.items():
-        assert inference_mode_problems(predict, images, TOLERANCES.native_roundtrip_abs) == [], name
+        assert inference_mode_problems(predict, inputs, TOLERANCES.native_roundtrip_abs) == [], name
 
 
 def _native(backend: ModuleType, model: object, tmp_path: Path, images: np.ndarray) -> Path:

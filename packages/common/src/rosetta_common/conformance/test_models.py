@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 
 from rosetta_common.errors import WeightsError
+from rosetta_common.inputs import padding_mask
 from rosetta_common.metrics import max_abs_diff
-from rosetta_common.reference import forward, forward_train
+from rosetta_common.reference import forward, forward_train, text_transformer
 from rosetta_common.spec import ModelConfig, Spec
-from rosetta_common.testing import asymmetric_weights, small_config, small_spec, swap_blocks
+from rosetta_common.testing import asymmetric_weights, random_inputs, small_config, small_spec, swap_blocks
 from rosetta_common.training import dropout_features, dropout_masks, plan
 from rosetta_common.weights import Weights, canonical_shapes, is_statistic
 
@@ -60,18 +61,49 @@ def test_model_config_is_the_validated_spec_object(backend: ModuleType, arch: st
 def test_forward_matches_float64_reference(backend: ModuleType, arch: str, image_shape: tuple[int, int]) -> None:
     config = small_config(arch, image_shape)
     weights = asymmetric_weights(config, 6)
-    images = np.random.default_rng(8).random((5, *image_shape), dtype=np.float32)
+    if config.input.kind == "tokens":  # the two cases: the longest sequences, and shorter ones (a dynamic length)
+        images = random_inputs(config, 5, 8, length=config.input.max_length if image_shape == (8, 8) else 5)
+    else:
+        images = np.random.default_rng(8).random((5, *image_shape), dtype=np.float32)
     logits = backend.predict(backend.build(config, weights), images)
     assert logits.dtype == np.float32 and logits.shape == (5, config.num_classes)
     assert max_abs_diff(logits, forward(config, weights, images)) <= FORWARD_ABS
 
 
-def test_predict_handles_a_single_image(backend: ModuleType, arch: str, images: np.ndarray) -> None:
+def test_predict_handles_a_single_image(backend: ModuleType, arch: str, inputs: np.ndarray) -> None:
     config = small_config(arch)
     model = backend.build(config, asymmetric_weights(config, 9))
-    one = backend.predict(model, images[:1])
+    one = backend.predict(model, inputs[:1])
     assert one.shape == (1, config.num_classes)
-    assert max_abs_diff(one, backend.predict(model, images)[:1]) <= FORWARD_ABS
+    assert max_abs_diff(one, backend.predict(model, inputs)[:1]) <= FORWARD_ABS
+
+
+def test_padding_changes_nothing(backend: ModuleType) -> None:
+    """A token model's answer for a text does not depend on how far it is padded, nor on the rest of the batch."""
+    config = small_config("text_transformer")
+    model = backend.build(config, asymmetric_weights(config, 9))
+    tokens = random_inputs(config, 6, 16, length=6)
+    padded = np.zeros((6, config.input.max_length), np.int64)
+    padded[:, :6] = tokens
+    assert max_abs_diff(backend.predict(model, padded), backend.predict(model, tokens)) <= FORWARD_ABS
+    assert max_abs_diff(backend.predict(model, tokens[2:3]), backend.predict(model, tokens)[2:3]) <= FORWARD_ABS
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("out_of_vocabulary", "outside the vocabulary"), ("int32", "dtype int32"), ("too_long", "longer than"),
+    ("float_images", "dtype float32")])
+def test_a_bad_token_input_is_one_line(backend: ModuleType, value: str, message: str) -> None:
+    from rosetta_common.errors import InputError
+
+    config = small_config("text_transformer")
+    model = backend.build(config, asymmetric_weights(config, 9))
+    good = random_inputs(config, 2, 3)
+    bad = {"out_of_vocabulary": np.where(good > 0, config.input.vocab_size, 0), "int32": good.astype(np.int32),
+           "too_long": np.ones((2, config.input.max_length + 1), np.int64),
+           "float_images": np.zeros((2, 8, 8), np.float32)}[value]
+    with pytest.raises(InputError, match=message) as raised:
+        backend.predict(model, bad)
+    assert "\n" not in str(raised.value)
 
 
 def _bad_weights(arch: str) -> list[tuple[str, dict[str, np.ndarray], str]]:
@@ -103,6 +135,8 @@ STATISTICS_RTOL = 1e-5  # float32 running statistics against the float64 referen
 def _training_batch(config: ModelConfig, batch: int = 4) -> tuple[np.ndarray, np.ndarray | None]:
     """A small batch (small, so that BatchNorm's n / (n - 1) is visible) and, for a model with dropout, one
     step's mask from rosetta_common.training.dropout_masks."""
+    if config.input.kind == "tokens":
+        return random_inputs(config, batch, 12), None
     images = np.random.default_rng(12).random((batch, *config.image_shape), dtype=np.float32)
     features = dropout_features(config)
     if features is None:
@@ -159,7 +193,26 @@ def _planted(arch: str, mistake: str, config: ModelConfig, weights: Weights, ima
         w["lstm.bias"] = 2 * w["lstm.bias"]
     elif mistake == "bias_sides_swapped":  # GRU input and recurrent bias exchanged
         w["gru.input_bias"], w["gru.recurrent_bias"] = w["gru.recurrent_bias"], w["gru.input_bias"]
+    elif mistake in TEXT_MISTAKES:
+        real = padding_mask(images)
+        key_mask, pool_mask = {
+            "mask_polarity_inverted": (~real, real),  # torch's key_padding_mask (True = ignore) given "attend"
+            "padding_attended": (np.ones_like(real), real),  # no key mask at all
+            "padding_pooled": (real, np.ones_like(real)),  # the mean over every position, padding included
+            "pad_row_reserved_by_shift": (real, real),
+        }[mistake]
+        if mistake == "pad_row_reserved_by_shift":  # id i read from row i - 1 (a table shifted to reserve row 0)
+            table = w["embed.embedding"]
+            w["embed.embedding"] = np.concatenate([np.zeros_like(table[:1]), table[:-1]])
+        w64 = {k: np.asarray(v, np.float64) for k, v in w.items()}
+        return text_transformer(config, w64, images, key_mask=key_mask, pool_mask=pool_mask)["logits"], {}
     return forward(config, w, images), {}
+
+
+# The ways a text model's padding goes wrong between frameworks (README "Parity, convention by convention"). The
+# inputs they are planted on have padding in every row (the last position), so that each one shows; the inverted mask
+# then leaves every row some key to attend.
+TEXT_MISTAKES = ("mask_polarity_inverted", "padding_attended", "padding_pooled", "pad_row_reserved_by_shift")
 
 
 def _batchnorm_sizes(config: ModelConfig, batch: int) -> dict[str, int]:
@@ -179,7 +232,8 @@ def _statistics_diff(a: np.ndarray, b: np.ndarray) -> float:
 
 PLANTED = [("resnet", "symmetric_padding"), ("resnet", "momentum_convention"),
            ("resnet", "unbiased_running_variance"), ("lstm", "gate_order"), ("lstm", "bias_counted_twice"),
-           ("gru", "gate_order"), ("gru", "bias_sides_swapped")]
+           ("gru", "gate_order"), ("gru", "bias_sides_swapped"),
+           *(("text_transformer", mistake) for mistake in TEXT_MISTAKES)]
 
 
 @pytest.mark.parametrize(("arch_name", "mistake"), PLANTED, ids=[f"{a}-{m}" for a, m in PLANTED])
@@ -190,6 +244,8 @@ def test_a_planted_convention_mistake_is_caught(backend: ModuleType, arch_name: 
     config = small_config(arch_name, NON_SQUARE)
     weights = asymmetric_weights(config, 14)
     images, mask = _training_batch(config)
+    if config.input.kind == "tokens":
+        images[:, -1] = 0  # padding in every row (each row's first position holds a token)
     planted_logits, planted_statistics = _planted(arch_name, mistake, config, weights, images, mask)
     logits = backend.predict(backend.build(config, weights), images)
     model = backend.build(config, weights)

@@ -15,9 +15,9 @@ import pytest
 
 from rosetta_common.metrics import max_abs_diff
 from rosetta_common.reference import forward_with_taps
-from rosetta_common.spec import Spec
+from rosetta_common.spec import ModelConfig, Spec
 from rosetta_common.taps import first_divergent, taps
-from rosetta_common.testing import assert_localized, asymmetric_weights, small_config, swap_blocks
+from rosetta_common.testing import assert_localized, asymmetric_weights, random_inputs, small_config, swap_blocks
 from rosetta_common.weights import Weights
 
 TOLERANCES = Spec().tolerances
@@ -27,7 +27,10 @@ NON_SQUARE = (6, 10)  # height != width: a swapped axis or an assumed square ima
 BATCH = 3
 
 
-def _images(seed: int = 30) -> np.ndarray:
+def _images(config: ModelConfig, seed: int = 30) -> np.ndarray:
+    """A batch of what `config` reads: NON_SQUARE images, or padded token ids of the maximum length."""
+    if config.input.kind == "tokens":
+        return random_inputs(config, BATCH, seed)
     return np.random.default_rng(seed).random((BATCH, *NON_SQUARE), dtype=np.float32)
 
 
@@ -37,7 +40,7 @@ def _figures(diffs: dict) -> str:
 
 def test_taps_have_the_canonical_names_order_shapes_and_dtype(backend: ModuleType, arch: str) -> None:
     config = small_config(arch, NON_SQUARE)
-    got = backend.forward_with_taps(backend.build(config, asymmetric_weights(config, 31)), _images())
+    got = backend.forward_with_taps(backend.build(config, asymmetric_weights(config, 31)), _images(config))
     expected = taps(config, BATCH)
     assert list(got) == [tap.name for tap in expected]
     for tap in expected:
@@ -48,7 +51,7 @@ def test_taps_have_the_canonical_names_order_shapes_and_dtype(backend: ModuleTyp
 def test_every_tap_matches_the_float64_reference(backend: ModuleType, arch: str) -> None:
     config = small_config(arch, NON_SQUARE)
     weights = asymmetric_weights(config, 32)
-    images = _images()
+    images = _images(config)
     got = backend.forward_with_taps(backend.build(config, weights), images)
     first, diffs = first_divergent(got, forward_with_taps(config, weights, images), TAP_ABS)
     assert first is None, f"first divergent tap {first}: {_figures(diffs)}"
@@ -59,7 +62,7 @@ def test_the_logits_tap_is_predict_and_the_model_is_untouched(backend: ModuleTyp
     run another way, a native reload), and reading them changes neither the weights nor predict's output."""
     config = small_config(arch, NON_SQUARE)
     model = backend.build(config, asymmetric_weights(config, 33))
-    images = _images()
+    images = _images(config)
     before, weights_before = backend.predict(model, images), backend.to_canonical(model)
     logits = backend.forward_with_taps(model, images)["logits"]
     bound = TOLERANCES.native_roundtrip_abs + TOLERANCES.native_roundtrip_rel * float(np.abs(before).max())
@@ -111,6 +114,6 @@ def test_a_planted_mapping_mistake_is_localized_where_it_enters(backend: ModuleT
     weights = asymmetric_weights(config, 34)
     wrong = {name: value.copy() for name, value in weights.items()}
     plant(wrong)
-    images = _images()
+    images = _images(config)
     got = backend.forward_with_taps(backend.build(config, wrong), images)
     assert_localized(got, forward_with_taps(config, weights, images), enters, TAP_ABS)

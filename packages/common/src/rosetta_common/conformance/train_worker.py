@@ -20,10 +20,11 @@ from rosetta_common.training import plan
 def main(framework: str, out: str) -> None:
     backend = load_backend(framework)
     backend.configure(0)
-    data, spec = learnable_data(), small_spec()
+    spec = small_spec()
     arrays: dict[str, np.ndarray] = {}
     for arch in ARCHITECTURES:
         config = small_config(arch)
+        data = learnable_data(tokens=config.input.kind == "tokens")
         model = backend.build(config, asymmetric_weights(config, 11))
         train_plan = plan(spec, arch, len(data.train_labels))
         result = backend.train(model, train_plan, data)
