@@ -84,9 +84,11 @@ def onnx_predict(session: Any) -> Predict:
 
 
 def batch_of(images: np.ndarray, size: int) -> np.ndarray:
-    """The first `size` images (repeated if the set is smaller), float32 and contiguous as both runtimes want."""
+    """The first `size` inputs (repeated if the set is smaller), contiguous as both runtimes want: images float32,
+    token ids int64."""
     reps = -(-size // len(images))
-    return np.ascontiguousarray(np.concatenate([images] * reps)[:size], dtype=np.float32)
+    dtype = np.int64 if images.dtype == np.int64 else np.float32
+    return np.ascontiguousarray(np.concatenate([images] * reps)[:size], dtype=dtype)
 
 
 def _timed(fn: Predict, x: np.ndarray) -> float:

@@ -19,7 +19,7 @@ from pipelines.checks import ledger as names
 from pipelines.checks.ledger import Ledger
 from pipelines.checks.parity import Side, judge_pair, pair_figures
 from pipelines.checks.train_logs import read_step_losses
-from rosetta_common.data import Dataset
+from rosetta_common.data import Dataset, load_for
 from rosetta_common.errors import RosettaError
 from rosetta_common.metrics import accuracy, softmax_cross_entropy
 from rosetta_common.reference import forward
@@ -37,7 +37,7 @@ def read_run(log_path: Any, weights_path: Any, config: ModelConfig, train_plan: 
     return Side(losses, softmax_cross_entropy(logits, data.test_labels), accuracy(logits, data.test_labels), weights)
 
 
-def data_parallel_parity(spec: Spec, ledger: Ledger, data: Dataset,
+def data_parallel_parity(spec: Spec, ledger: Ledger, cache: dict[str, Dataset],
                          intact: set[tuple[str, str]]) -> list[dict[str, Any]]:
     """Figures per (model, pair) and checks into `ledger`; nothing when data-parallel training is off. A
     single-process run not in `intact` (it failed artifacts_intact) is compared with nothing, as in validate."""
@@ -47,7 +47,8 @@ def data_parallel_parity(spec: Spec, ledger: Ledger, data: Dataset,
     figures = []
     for arch in dp.models:
         tol = dp.tolerances(spec.tolerances, arch)  # data_parallel.bounds applied
-        config = ModelConfig.of(spec, arch, data.image_shape, data.num_classes)
+        data = load_for(arch, paths.PREPARED, cache)  # `cache`: validate's prepared data, each kind read once
+        config = data.model_config(spec, arch)
         train_plan = plan(spec, arch, len(data.train_labels))
         single, parallel = {}, {}
         for fw in spec.frameworks:

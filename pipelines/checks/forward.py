@@ -14,6 +14,7 @@ from pipelines.checks import ledger as names
 from pipelines.checks.exports import onnx_tolerance
 from pipelines.checks.ledger import Ledger
 from pipelines.checks.sessions import run_onnx
+from rosetta_common.inputs import random_tokens
 from rosetta_common.metrics import max_abs_diff
 from rosetta_common.reference import forward
 from rosetta_common.seeding import derive_seed
@@ -24,7 +25,7 @@ from rosetta_common.weights import Weights, load_weights
 def forward_parity(spec: Spec, ledger: Ledger, arch: str, runs: dict[str, dict], batch: np.ndarray,
                    config: ModelConfig) -> None:
     """Every init.onnx against the float64 reference forward, and every pair of them on random inputs at several
-    batch sizes."""
+    batch sizes (a token model: random ids of random lengths, padded, at each of PARITY_LENGTHS' lengths too)."""
     tol = spec.tolerances.forward_parity_abs
     init = load_weights(paths.init_weights(arch), config)
     reference = forward(config, init, batch)
@@ -32,11 +33,23 @@ def forward_parity(spec: Spec, ledger: Ledger, arch: str, runs: dict[str, dict],
     for fw, session in inits.items():
         ledger.add(arch, fw, names.INIT_ONNX_VS_REFERENCE, max_abs_diff(run_onnx(session, batch), reference), tol)
     rng = np.random.default_rng(derive_seed(spec.seed, "parity", arch))
-    inputs = [rng.random((n, *batch.shape[1:]), dtype=np.float32) for n in spec.export.parity_batch_sizes]
+    if config.input.kind == "tokens":
+        lengths = parity_lengths(config.input.max_length)
+        inputs = [random_tokens(rng, n, length, int(config.input.vocab_size))
+                  for n in spec.export.parity_batch_sizes for length in lengths]
+        shown = f"batch sizes {[len(batch), *spec.export.parity_batch_sizes]} at lengths {lengths}"
+    else:
+        inputs = [rng.random((n, *batch.shape[1:]), dtype=np.float32) for n in spec.export.parity_batch_sizes]
+        shown = f"batch sizes {[len(x) for x in [batch, *inputs]]}"
     for a, b in itertools.combinations(inits, 2):
         worst = max(max_abs_diff(run_onnx(inits[a], x), run_onnx(inits[b], x)) for x in [batch, *inputs])
-        ledger.add(arch, f"{a}|{b}", names.FORWARD_PARITY_INIT_ONNX, worst, tol,
-                   detail=f"batch sizes {[len(x) for x in [batch, *inputs]]}")
+        ledger.add(arch, f"{a}|{b}", names.FORWARD_PARITY_INIT_ONNX, worst, tol, detail=shown)
+
+
+def parity_lengths(max_length: int) -> list[int]:
+    """The sequence lengths a token model's init.onnx files are compared at: one token, a quarter, half and the
+    whole maximum (each batch's rows padded to it from random lengths, so a dynamic length axis is exercised)."""
+    return sorted({1, max(1, max_length // 4), max(1, max_length // 2), max_length})
 
 
 def trained_weights_vs_native(spec: Spec, ledger: Ledger, arch: str, trained: dict[str, Weights],

@@ -22,6 +22,7 @@ def open_session(path: Path) -> ort.InferenceSession:
         raise CheckError(str(error)) from None
 
 
-def run_onnx(session: ort.InferenceSession, images: np.ndarray) -> np.ndarray:
+def run_onnx(session: ort.InferenceSession, inputs: np.ndarray) -> np.ndarray:
+    """The session's logits for images (float32) or token ids (int64: passed as they are)."""
     name = session.get_inputs()[0].name
-    return session.run(None, {name: images.astype(np.float32)})[0]
+    return session.run(None, {name: inputs if inputs.dtype == np.int64 else inputs.astype(np.float32)})[0]

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from pipelines import paths
-from rosetta_common.data import Dataset
+from rosetta_common.data import Dataset, load_for
 from rosetta_common.errors import TrainingError
 from rosetta_common.interface import TrainResult, load_backend
 from rosetta_common.io import write_json
@@ -34,8 +34,9 @@ def seeded_backend(framework: str, seed: int) -> ModuleType:
 
 
 def job_config(spec: Spec, arch: str, data: Dataset) -> ModelConfig:
-    """The model's config: the spec's architecture section and the prepared data's image shape and classes."""
-    return ModelConfig.of(spec, arch, data.image_shape, data.num_classes)
+    """The model's config: the spec's architecture section and the prepared data's input (image shape, or
+    vocabulary and length) and classes."""
+    return data.model_config(spec, arch)
 
 
 @dataclass(frozen=True)
@@ -46,15 +47,19 @@ class Job:
     config: ModelConfig
     init: Weights
     plan: TrainPlan
+    data: Dataset  # what it trains on: the prepared images, or the prepared token ids
 
 
-def load_jobs(spec: Spec, models: list[str], data: Dataset) -> list[Job]:
-    """Each model's config, checked init weights and plan."""
-    jobs = []
+def load_jobs(spec: Spec, models: list[str], folder: Path = paths.PREPARED) -> list[Job]:
+    """Each model's config, checked init weights, plan and prepared data (each kind read once), every one's
+    validation batch checked to fit its test split."""
+    jobs, cache = [], {}
     for arch in models:
+        data = load_for(arch, folder, cache)
+        data.validation_batch(spec.export.validation_batch_size)
         config = job_config(spec, arch, data)
         jobs.append(Job(arch, config, load_weights(paths.init_weights(arch), config),
-                        plan(spec, arch, len(data.train_labels))))
+                        plan(spec, arch, len(data.train_labels)), data))
     return jobs
 
 

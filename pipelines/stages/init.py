@@ -14,9 +14,9 @@ from pathlib import Path
 
 from pipelines import measurements, paths
 from pipelines.stages import IMPORTS_STARTED, check_model, stage_main
-from rosetta_common.data import load_prepared
+from rosetta_common.data import load_for
 from rosetta_common.io import staged_outputs
-from rosetta_common.spec import ModelConfig, load_spec
+from rosetta_common.spec import load_spec
 from rosetta_common.weights import count_parameters, init_weights, save_weights
 
 
@@ -29,8 +29,8 @@ def main(argv: list[str]) -> int:
     for model in args.models:
         check_model(spec, model)
     models = list(dict.fromkeys(args.models)) or list(spec.models)
-    data = load_prepared(paths.PREPARED)
-    configs = {m: ModelConfig.of(spec, m, data.image_shape, data.num_classes) for m in models}
+    cache: dict = {}  # each kind of prepared data (images, token ids) read once
+    configs = {m: load_for(m, paths.PREPARED, cache).model_config(spec, m) for m in models}
     clock.lap("inputs")
     # The whole folder in one step when every model is made; a single named model's file is itself atomic.
     whole = staged_outputs(paths.INIT) if not args.models else nullcontext(paths.INIT)

@@ -26,7 +26,6 @@ from pipelines.stages.common import (
     seeded_backend,
     steady_samples_per_second,
 )
-from rosetta_common.data import load_prepared
 from rosetta_common.distributed import Cluster
 from rosetta_common.interface import BACKEND_MODULES
 from rosetta_common.io import staged_outputs
@@ -41,8 +40,7 @@ def main(argv: list[str]) -> int:
     clock = measurements.StageClock(f"train_dp@{fw}", IMPORTS_STARTED)
     spec = load_spec(paths.PARAMS)
     cluster = Cluster.from_environment(fw)
-    data = load_prepared(paths.PREPARED)
-    jobs = load_jobs(spec, list(spec.data_parallel.models), data)
+    jobs = load_jobs(spec, list(spec.data_parallel.models))
     backend = seeded_backend(fw, spec.seed)
     clock.lap("framework_import")
     backend.start_worker(cluster)
@@ -55,12 +53,12 @@ def main(argv: list[str]) -> int:
             backend.configure(spec.seed)
             started = time.time()
             with clock.phase(f"{job.arch}.train"):
-                model, result = backend.train_data_parallel(job.config, job.init, job.plan, data, cluster)
+                model, result = backend.train_data_parallel(job.config, job.init, job.plan, job.data, cluster)
             if out is None:
                 continue
             run = out / job.arch
             run.mkdir(parents=True)
-            record_training(backend, job, model, result, data, run, where, workers=cluster.world,
+            record_training(backend, job, model, result, job.data, run, where, workers=cluster.world,
                             engine=result.engine)
             measurements.write(job.arch, f"{fw}-dp", {
                 "framework": fw, "model": job.arch, "stage": f"train_dp@{fw}", "workers": cluster.world,

@@ -38,7 +38,7 @@ from pipelines.stages.common import (
     seeded_backend,
     steady_samples_per_second,
 )
-from rosetta_common.data import Dataset, load_prepared
+from rosetta_common.data import Dataset
 from rosetta_common.interface import TrainResult
 from rosetta_common.io import read_json, sha256, staged_outputs, write_json
 from rosetta_common.metrics import accuracy, max_abs_diff, softmax_cross_entropy
@@ -232,18 +232,15 @@ def main(argv: list[str]) -> int:
     fw, models, spec = framework_stage_args(argv, __doc__, "train_export")
     clock.stage = f"train_export@{fw}"
     # Every input of every model is checked where it enters, before the framework is imported or anything written.
-    data = load_prepared(paths.PREPARED)
-    data.validation_batch(spec.export.validation_batch_size)  # the test split holds the whole batch
-    jobs = load_jobs(spec, models, data)
+    jobs = load_jobs(spec, models)  # each with its data: the test split holds the whole validation batch
     clock.lap("inputs")
     backend = seeded_backend(fw, spec.seed)
     clock.lap("framework_import")
-    runs = [run_model(backend, spec, job, data, clock) for job in jobs]
-    batch = data.validation_batch(spec.export.validation_batch_size)
+    runs = [run_model(backend, spec, job, job.data, clock) for job in jobs]
     for run in runs:
-        record_taps(backend, run, batch, clock)
+        record_taps(backend, run, run.job.data.validation_batch(spec.export.validation_batch_size), clock)
     for run in runs:
-        measure_model(backend, run, data, clock)
+        measure_model(backend, run, run.job.data, clock)
     measurements.write_stage(clock.record(models=models))
     return 0
 

@@ -41,28 +41,31 @@ from pipelines.checks.replicates import read_replicates, replicate_figures
 from pipelines.checks.serving import read_served, serving_checks
 from pipelines.checks.taps import localize, tap_figures, taps_record
 from pipelines.stages import IMPORTS_STARTED, stage_main
-from rosetta_common.data import load_prepared
+from rosetta_common.data import Dataset, load_for, load_prepared
 from rosetta_common.io import write_json
-from rosetta_common.spec import ModelConfig, load_spec
+from rosetta_common.spec import load_spec
 from rosetta_common.weights import load_weights
 
 
 def main(argv: list[str]) -> int:
     clock = measurements.StageClock("validate", IMPORTS_STARTED)
     spec = load_spec(paths.PARAMS)
-    data = load_prepared(paths.PREPARED)
+    cache: dict[str, Dataset] = {}  # each kind of prepared data (images, token ids) read once
+    batches = {arch: load_for(arch, paths.PREPARED, cache).validation_batch(spec.export.validation_batch_size)
+               for arch in spec.models}
     clock.lap("inputs")
-    batch = data.validation_batch(spec.export.validation_batch_size)
+    image_batch = load_prepared(paths.PREPARED).validation_batch(spec.export.validation_batch_size)
     ledger = Ledger()
     parity: list[dict[str, Any]] = []
     statistics: list[dict[str, Any]] = []
     tap_records: list[dict[str, Any]] = []
-    served = read_served(batch)  # the serve stage's folder, checked as a whole once
+    served = read_served(image_batch)  # the serve stage's folder, checked as a whole once
     serving: list[dict[str, Any]] = []
     measured: list[dict[str, Any]] = []  # test figures this stage computed from each run's artifacts
     judged: set[tuple[str, str]] = set()  # (model, framework) runs whose files are the ones their figures came from
     for arch in spec.models:
-        config = ModelConfig.of(spec, arch, data.image_shape, data.num_classes)
+        data, batch = load_for(arch, paths.PREPARED, cache), batches[arch]
+        config = data.model_config(spec, arch)
         runs = {}
         for fw in spec.frameworks:
             record = intact(ledger, arch, fw)
@@ -92,7 +95,7 @@ def main(argv: list[str]) -> int:
         localize(ledger, arch, taps)
         tap_records.append(taps_record(arch, taps))
         clock.lap(arch)
-    data_parallel = data_parallel_parity(spec, ledger, data, judged)
+    data_parallel = data_parallel_parity(spec, ledger, cache, judged)
     clock.lap("data_parallel")
     ledger.judge_nulls(spec.tolerances.null_alpha)
     failures = ledger.failures()
