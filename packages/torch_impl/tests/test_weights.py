@@ -27,12 +27,12 @@ NON_SQUARE = (6, 10)  # pooled 3 x 5 for the CNN: a swapped height/width cannot 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_every_trainable_torch_parameter_is_canonical(arch: str) -> None:
     """No trainable torch parameter exists outside the canonical names (nothing silently left at its init);
-    the one frozen parameter is the LSTM's bias_hh, held at zero."""
+    the one frozen parameter is the LSTM's bias_hh, held at zero (the text model's q, k and v share in_proj)."""
     config = small_config(arch)
     weights = asymmetric_weights(config, 6)
     model = rosetta_torch.build(config, weights)
     trainable = {name for name, p in model.named_parameters() if p.requires_grad}
-    assert trainable == {torch_name(k) for k in weights if not is_statistic(k)}
+    assert trainable == {torch_name(k, arch) for k in weights if not is_statistic(k)}
     frozen = {name for name, p in model.named_parameters() if not p.requires_grad}
     assert frozen == ({"lstm.bias_hh_l0"} if arch == "lstm" else set())
     assert {name for name, _ in model.named_buffers() if not name.endswith(TRACKED)} == {

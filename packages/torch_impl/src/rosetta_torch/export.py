@@ -1,5 +1,6 @@
 """Export: the state dict as safetensors, the program as torch.export's .pt2, and ONNX through the
-dynamo-based torch.onnx exporter; every format keeps a dynamic batch dimension and none holds a pickle.
+dynamo-based torch.onnx exporter; every format keeps a dynamic batch dimension (and for the token model a dynamic
+length, 1 to max_length, on an int64 input "tokens") and none holds a pickle.
 
 Every export is made from an eval() twin of the model (_cpu_copy), so it runs in inference mode: BatchNorm on
 its running statistics (folded into the convolutions in ONNX), dropout the identity (absent from ONNX).
@@ -24,9 +25,10 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from rosetta_common.errors import ArtifactError, ExportError, one_line
+from rosetta_common.inputs import PAD_ID
 from rosetta_common.interface import Predict
 from rosetta_common.io import atomic_path
-from rosetta_common.onnx_conventions import BATCH_DIM, INPUT_NAME, OPSETS, OUTPUT_NAME, conform
+from rosetta_common.onnx_conventions import BATCH_DIM, LENGTH_DIM, OPSETS, OUTPUT_NAME, conform
 from rosetta_common.spec import ModelConfig
 from rosetta_torch.models import create, predict
 
@@ -44,15 +46,27 @@ def _cpu_copy(model: nn.Module) -> nn.Module:
     return twin.eval()
 
 
-def _example(example: np.ndarray) -> tuple[torch.Tensor]:
-    x = torch.as_tensor(np.asarray(example, np.float32))
-    if x.shape[0] < 2:  # torch.export specialises a size-1 dimension; the batch must stay symbolic
+def _example(config: ModelConfig, example: np.ndarray) -> tuple[torch.Tensor]:
+    """The traced example: torch.export specialises a size-1 dimension, and the batch (and a token model's length)
+    must stay symbolic, so a single example is repeated to two rows and a one-token sequence padded to two."""
+    if config.input.kind == "tokens":
+        x = torch.as_tensor(config.input.check(np.asarray(example), "example"))
+        if x.shape[1] < 2 <= config.input.max_length:  # one more position of padding: the same sequences
+            x = torch.cat([x, torch.full((x.shape[0], 1), PAD_ID, dtype=x.dtype)], dim=1)
+    else:
+        x = torch.as_tensor(np.asarray(example, np.float32))
+    if x.shape[0] < 2:
         x = x.expand(2, *x.shape[1:]).contiguous()
     return (x,)
 
 
-def _dynamic_batch() -> dict[str, dict[int, torch.export.Dim]]:
-    return {INPUT_NAME: {0: torch.export.Dim(BATCH_DIM)}}  # keyed by forward()'s argument, named `images`
+def _dynamic_shapes(config: ModelConfig) -> dict[str, dict[int, torch.export.Dim]]:
+    """The batch dynamic, and a token model's length too, from 1 to max_length (the positions it has); keyed by
+    forward()'s argument, named as the ONNX input (`images` / `tokens`)."""
+    dims = {0: torch.export.Dim(BATCH_DIM)}
+    if config.input.kind == "tokens":
+        dims[1] = torch.export.Dim(LENGTH_DIM, max=config.input.max_length)
+    return {config.input.name: dims}
 
 
 def export_native(model: nn.Module, out_dir: Path, example: np.ndarray) -> list[Path]:
@@ -66,7 +80,8 @@ def export_native(model: nn.Module, out_dir: Path, example: np.ndarray) -> list[
                                           "torch_version": torch.__version__}, sort_keys=True)}
     try:
         with _quiet_tracing():
-            program = torch.export.export(twin, _example(example), dynamic_shapes=_dynamic_batch())
+            program = torch.export.export(twin, _example(twin.config, example),
+                                             dynamic_shapes=_dynamic_shapes(twin.config))
     except Exception as error:  # torch.export raises many types; the user needs the first line of one
         raise ExportError(f"torch.export of {twin.config.arch}: {one_line(str(error))}") from error
     program.example_inputs = None  # else they are saved with torch.save, a pickle
@@ -149,9 +164,13 @@ def load_native(out_dir: Path) -> dict[str, Predict]:
     state_model = load_state_file(out_dir / STATE_FILE)
     program = load_program(out_dir / PROGRAM_FILE)
 
+    spec = state_model.config.input  # the program's config: the state file beside it is the same model's
+
     @torch.inference_mode()
-    def run_program(images: np.ndarray) -> np.ndarray:
-        return program(torch.as_tensor(np.asarray(images, np.float32))).numpy()
+    def run_program(x: np.ndarray) -> np.ndarray:
+        if spec.kind == "tokens":  # an id outside the vocabulary would fail deep inside the program's gather
+            return program(torch.as_tensor(spec.check(x, spec.name))).numpy()
+        return program(torch.as_tensor(np.asarray(x, np.float32))).numpy()
 
     return {"safetensors": lambda images: predict(state_model, images), "torch_export": run_program}
 
@@ -227,8 +246,8 @@ def export_onnx(model: nn.Module, path: Path, example: np.ndarray) -> None:
     try:
         with _quiet_exporter(), _registry_built_once():
             program = torch.onnx.export(
-                twin, _example(example), dynamo=True, dynamic_shapes=_dynamic_batch(),
-                input_names=[INPUT_NAME], output_names=[OUTPUT_NAME], opset_version=OPSETS["torch"],
+                twin, _example(twin.config, example), dynamo=True, dynamic_shapes=_dynamic_shapes(twin.config),
+                input_names=[twin.config.input.name], output_names=[OUTPUT_NAME], opset_version=OPSETS["torch"],
                 external_data=False, verbose=False,
             )
     except Exception as error:  # the exporter wraps its failures in several types

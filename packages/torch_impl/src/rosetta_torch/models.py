@@ -1,5 +1,6 @@
-"""The six architectures as plain `nn.Module`s, written the way the PyTorch docs write them, with torch's own
-layers (nn.Conv2d, nn.BatchNorm2d, nn.Dropout, nn.LSTM, nn.GRU): no hand-rolled math.
+"""The seven architectures as plain `nn.Module`s, written the way the PyTorch docs write them, with torch's own
+layers (nn.Conv2d, nn.BatchNorm2d, nn.Dropout, nn.LSTM, nn.GRU, nn.Embedding, nn.MultiheadAttention): no
+hand-rolled math.
 
 Attribute names mirror the canonical weight names (`block.attn.query`, `block.bn1`, `lstm`, `head`, ...), so
 the state dict's keys are the canonical names with `kernel`/`scale` read as `weight` (the recurrent layers'
@@ -18,20 +19,37 @@ The conventions torch does not share with the spec are reconciled here, where th
   (rosetta_common.reference.same_padding); torch's `padding=1` pads both sides and torch refuses
   padding="same" for strides above 1, so every ResNet conv is preceded by an explicit nn.ZeroPad2d;
 - dropout: the model keeps nn.Dropout (identity in eval mode); a training step multiplies by the shared mask
-  instead (ResNet.forward says why).
+  instead (ResNet.forward says why);
+- the text model's padding (TextTransformer): nn.MultiheadAttention's key_padding_mask means True = IGNORE, the
+  negation of the spec's (and Keras', Flax's) "attend" mask (`key_padding_mask`); nn.Embedding's padding_idx
+  row gets no gradient (so training never moves it: the other frameworks' gradient for it is zero anyway, as
+  padding reaches no output); the pool is the mean over real tokens (`masked_mean`); nn.MultiheadAttention's
+  inference fast path is off in predict, so that predict runs the ops the exports hold (`exported_attention`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rosetta_common.inputs import PAD_ID
 from rosetta_common.reference import same_padding
-from rosetta_common.spec import AttentionSpec, CNNSpec, GRUSpec, LSTMSpec, MLPSpec, ModelConfig, ResNetSpec
+from rosetta_common.spec import (
+    AttentionSpec,
+    CNNSpec,
+    GRUSpec,
+    LSTMSpec,
+    MLPSpec,
+    ModelConfig,
+    ResNetSpec,
+    TextTransformerSpec,
+)
 from rosetta_common.training import dropout_features
 from rosetta_common.weights import Weights
 from rosetta_torch.weights import from_canonical
@@ -131,6 +149,65 @@ class AttentionClassifier(nn.Module):
         x = self.embed(images) + self.pos_embedding
         x = self.final_norm(self.block(x))
         return self.head(x.mean(dim=1))
+
+
+def padding_mask(tokens: torch.Tensor) -> torch.Tensor:
+    """(B, T) bool, True where a position holds a real token (rosetta_common.inputs.padding_mask's polarity, the
+    "attend" one): the pooling's weights, and negated, torch's key_padding_mask."""
+    return tokens != PAD_ID
+
+
+def key_padding_mask(mask: torch.Tensor) -> torch.Tensor:
+    """nn.MultiheadAttention's key_padding_mask for a padding_mask: torch's True means IGNORE that key, the
+    opposite of Keras' attention_mask, Flax's mask and F.scaled_dot_product_attention's boolean attn_mask."""
+    return ~mask
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The mean over the real tokens of each row, (B, T, E) -> (B, E): padded positions are left out."""
+    weights = mask.unsqueeze(-1).to(x.dtype)
+    return (x * weights).sum(dim=1) / weights.sum(dim=1)
+
+
+class TextBlock(nn.Module):
+    """Pre-norm Transformer encoder block around torch's nn.MultiheadAttention (one fused in_proj for q, k, v, all
+    with biases; out_proj), the padded keys masked by key_padding_mask. Written out rather than
+    nn.TransformerEncoderLayer: its inference fast path turns a padded batch into a nested tensor and returns zeros
+    at the padded positions, where the spec computes every position as a query."""
+
+    def __init__(self, embed_dim: int, num_heads: int, mlp_dim: int, eps: float) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(embed_dim, eps=eps)
+        self.attn = nn.MultiheadAttention(embed_dim, num_heads, bias=True, batch_first=True)
+        self.norm2 = nn.LayerNorm(embed_dim, eps=eps)
+        self.mlp = FeedForward(embed_dim, mlp_dim)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:  # (B, T, E), (B, T) True = token
+        n = self.norm1(x)
+        # No attention weights asked for: torch then runs scaled_dot_product_attention (the taps ask for them).
+        attended, _ = self.attn(n, n, n, key_padding_mask=key_padding_mask(mask), need_weights=False)
+        x = x + attended
+        return x + self.mlp(self.norm2(x))
+
+
+class TextTransformer(nn.Module):
+    """Token ids (B, T), 1 <= T <= max_length, PAD_ID padding: nn.Embedding (padding_idx: its row starts at zero and
+    never gets a gradient) + learned positions 0..T-1, one block, LayerNorm, the mean over real tokens, Linear."""
+
+    def __init__(self, vocab_size: int, max_length: int, spec: TextTransformerSpec, num_classes: int) -> None:
+        super().__init__()
+        e, eps = spec.embed_dim, spec.layer_norm_eps
+        self.embed = nn.Embedding(vocab_size, e, padding_idx=PAD_ID)
+        self.pos_embedding = nn.Parameter(torch.zeros(max_length, e))
+        self.block = TextBlock(e, spec.num_heads, spec.mlp_dim, eps)
+        self.final_norm = nn.LayerNorm(e, eps=eps)
+        self.head = nn.Linear(e, num_classes)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:  # (B, T) int64
+        mask = padding_mask(tokens)
+        x = self.embed(tokens) + self.pos_embedding[: tokens.shape[1]]
+        x = self.final_norm(self.block(x, mask))
+        return self.head(masked_mean(x, mask))
 
 
 def torch_momentum(batchnorm_momentum: float) -> float:
@@ -275,9 +352,12 @@ def create(config: ModelConfig) -> nn.Module:
     canonical ones with it, and export.py stores it as JSON beside the state dict so that the module can be
     rebuilt without the spec.
     """
-    (height, width), num_classes, s = config.image_shape, config.num_classes, config.settings
-    if isinstance(s, MLPSpec):
-        model: nn.Module = MLP(height * width, s.hidden, num_classes)
+    num_classes, s = config.num_classes, config.settings
+    height, width = config.image_shape or (0, 0)  # a token model has none
+    if isinstance(s, TextTransformerSpec):
+        model: nn.Module = TextTransformer(config.vocab_size, config.max_length, s, num_classes)
+    elif isinstance(s, MLPSpec):
+        model = MLP(height * width, s.hidden, num_classes)
     elif isinstance(s, CNNSpec):
         model = CNN(s.conv1_filters, s.conv2_filters, (height // 2, width // 2), num_classes)
     elif isinstance(s, AttentionSpec):
@@ -311,12 +391,39 @@ def build(config: ModelConfig, weights: Weights) -> nn.Module:
     return model.to(default_device()).eval()
 
 
+def as_input(model: nn.Module, x: np.ndarray) -> torch.Tensor:
+    """The model's input as a tensor on its device: images as float32; token ids checked first
+    (config.input.check: an id outside the vocabulary, another dtype, a sequence longer than max_length or a row
+    of padding alone is one InputError line, not an IndexError or NaN from inside torch)."""
+    spec = model.config.input
+    if spec.kind == "tokens":
+        return torch.as_tensor(spec.check(x, spec.name), device=model_device(model))
+    return torch.as_tensor(np.asarray(x, np.float32), device=model_device(model))
+
+
+@contextlib.contextmanager
+def exported_attention() -> Iterator[None]:
+    """nn.MultiheadAttention as torch.export and torch.onnx see it: its inference fast path
+    (torch._native_multi_head_attention, taken in eval mode without a gradient) rounds otherwise than the
+    F.multi_head_attention_forward the exporters trace, by up to 1.4e-6 in the logits (native_roundtrip_abs is
+    1e-6); with it off, predict runs model.pt2's ops, bit for bit. The switch is torch's own, process-wide
+    (torch.backends.mha), restored after; no other model has an nn.MultiheadAttention."""
+    enabled = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        yield
+    finally:
+        torch.backends.mha.set_fastpath_enabled(enabled)
+
+
 @torch.inference_mode()
-def predict(model: nn.Module, images: np.ndarray) -> np.ndarray:
-    """Logits (batch, classes) float32 for images (batch, height, width) float32 in [0, 1]."""
+def predict(model: nn.Module, inputs: np.ndarray) -> np.ndarray:
+    """Logits (batch, classes) float32 for images (batch, height, width) float32 in [0, 1], or token ids
+    int64 (batch, length), 1 <= length <= max_length, PAD_ID padding (checked: InputError)."""
     model.eval()
-    x = torch.as_tensor(np.asarray(images, np.float32), device=model_device(model))
-    return model(x).float().cpu().numpy()
+    x = as_input(model, inputs)
+    with exported_attention():
+        return model(x).float().cpu().numpy()
 
 
 def model_config(model: nn.Module) -> ModelConfig:
@@ -351,7 +458,7 @@ def forward_train(model: nn.Module, images: np.ndarray, dropout_mask: np.ndarray
     config: ModelConfig = model.config
     check_dropout_mask(config, dropout_mask, len(images))
     device = model_device(model)
-    x = torch.as_tensor(np.asarray(images, np.float32), device=device)
+    x = as_input(model, images)
     features = dropout_features(config)
     if dropout_mask is None and features is not None:
         # The contract's None means no dropout; in train() mode nn.Dropout would drop units at random instead.

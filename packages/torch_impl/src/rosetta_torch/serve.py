@@ -5,7 +5,9 @@
 
 KServe's ModelServer, V1 and V2 over REST and V2 over gRPC on 127.0.0.1, one line on stdout when ready, a clean
 stop on SIGTERM or SIGINT. Everything but loading and running the export is rosetta_common.serving's, shared
-with rosetta_tf.serve, rosetta_jax.serve and pipelines.serve_onnx (same names in each).
+with rosetta_tf.serve, rosetta_jax.serve and pipelines.serve_onnx (same names in each): an image model's FP32
+images and the token model's INT64 ids are decoded and checked there (Signature.of(config)), and load_native's
+program runs either.
 """
 
 from __future__ import annotations

@@ -8,6 +8,8 @@ torch's own mechanisms, converted to the canonical layout (NCHW -> NHWC, the hea
   no module's input or output are read too: the CNN's first ReLU (it feeds F.max_pool2d) and the attention
   weights (the softmax inside SelfAttention.forward). Nothing in the models changes: hooks and the mode exist
   only during this call, so state_dict, model.pt2 and model.onnx are what they were.
+- The text model's nn.MultiheadAttention returns its per-head weights when asked (need_weights=True,
+  average_attn_weights=False): a forward pre-hook with kwargs asks for them in this call only.
 - The one tap torch's forward does not hold is the LSTM's cell state per step: nn.LSTM's fused kernel returns
   only the last one. It comes from stepping the same nn.LSTM one time step at a time from the previous step's
   (h, c): the model's own module and weights, not the forward's tensors.
@@ -25,17 +27,22 @@ from torch.overrides import TorchFunctionMode
 
 from rosetta_common.spec import ModelConfig
 from rosetta_common.taps import Tap, module_sources, taps
-from rosetta_torch.models import model_device
+from rosetta_torch.models import as_input
 
 # Tap -> where torch's forward holds it: (module path, "output" | "input" | the name of a torch function called in
 # that module's own forward, first call); rosetta_common.taps.MODULE_SOURCES with torch's own entries. "" is the
 # model; torch pads with a module of its own (nn.ZeroPad2d), so block.conv2's input is padded: relu1 is pad2's.
+# The text model's attention is torch's nn.MultiheadAttention, module `block.attn`: its output is (attended,
+# weights), the weights only when asked for (need_weights, per head: average_attn_weights=False), which a forward
+# pre-hook does for this call alone (ATTENTION_WEIGHTS).
 SOURCES = module_sources({
     "cnn": {"conv1.relu": ("", "relu")},
     "attention": {"block.attn.weights": ("block.attn", "softmax")},
     "resnet": {"block.relu1": ("block.pad2", "input")},
     "lstm": {"lstm.cell": ("lstm", "stepped")},
+    "text_transformer": {"block.attn.weights": ("block.attn", "weights"), "block.attn.out": ("block.attn", "output")},
 })
+ATTENTION_WEIGHTS = {"need_weights": True, "average_attn_weights": False}
 
 
 class _FunctionRecorder(TorchFunctionMode):
@@ -87,7 +94,7 @@ def forward_with_taps(model: nn.Module, images: np.ndarray) -> dict[str, np.ndar
     model.eval()
     config: ModelConfig = model.config
     sources = SOURCES[config.arch]
-    x = torch.as_tensor(np.asarray(images, np.float32), device=model_device(model))
+    x = as_input(model, images)
     modules = dict(model.named_modules())
     read: dict[tuple[str, str], Any] = {}
     scope: list[str] = []
@@ -103,18 +110,26 @@ def forward_with_taps(model: nn.Module, images: np.ndarray) -> dict[str, np.ndar
         def hook(module: nn.Module, args: tuple, output: Any) -> None:
             scope.pop()
             read.setdefault((path, "output"), _first(output))
+            if isinstance(module, nn.MultiheadAttention):
+                read.setdefault((path, "weights"), output[1])
         return hook
+
+    def with_weights(module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
+        return args, {**kwargs, **ATTENTION_WEIGHTS}
 
     try:
         for path, module in modules.items():
             handles.append(module.register_forward_pre_hook(enter(path)))
             handles.append(module.register_forward_hook(leave(path)))
-        wanted = {source for source in sources.values() if source[1] not in ("input", "output", "stepped")}
+            if isinstance(module, nn.MultiheadAttention):
+                handles.append(module.register_forward_pre_hook(with_weights, with_kwargs=True))
+        wanted = {source for source in sources.values() if source[1] not in ("input", "output", "stepped", "weights")}
         with _FunctionRecorder(wanted, scope, read):
             model(x)
     finally:
         for handle in handles:
             handle.remove()
+    length = x.shape[1] if config.input.kind == "tokens" else None
     if config.arch == "lstm":  # after the hooks are gone: stepping calls the module again
         read[("lstm", "stepped")] = _stepped_cells(model.lstm, x)
-    return {tap.name: _canonical(config, tap, read[sources[tap.name]]) for tap in taps(config, len(images))}
+    return {tap.name: _canonical(config, tap, read[sources[tap.name]]) for tap in taps(config, len(x), length)}

@@ -3,7 +3,8 @@
 BatchNorm trains in torch's train() mode on each batch; its running statistics follow the spec's convention
 with no step here: models.BatchNorm2d takes the spec's momentum converted and corrects torch's unbiased
 running-variance update after every training-mode forward. Dropout uses the step's shared mask
-(rosetta_common.training.dropout_masks), never torch's own generator (models.ResNet.forward says why)."""
+(rosetta_common.training.dropout_masks), never torch's own generator (models.ResNet.forward says why). The
+token model trains on int64 ids, checked once (config.input.check) before the first step."""
 
 from __future__ import annotations
 
@@ -100,7 +101,9 @@ def run_epochs(model: nn.Module, module: nn.Module, plan: TrainPlan, data: Datas
     if plan.num_samples != len(data.train_labels):  # the plan's batches index this data set
         raise ValueError(f"plan for {plan.num_samples} training samples, data has {len(data.train_labels)}")
     device = model_device(model)
-    images = torch.from_numpy(np.ascontiguousarray(data.train_inputs, np.float32)).to(device)
+    spec = model.config.input  # images float32; token ids int64, checked (one InputError line) as predict does
+    inputs = data.train_inputs if spec.kind == "images" else spec.check(data.train_inputs, "train_inputs")
+    inputs = torch.from_numpy(np.ascontiguousarray(inputs, spec.dtype)).to(device)
     labels = torch.from_numpy(np.ascontiguousarray(data.train_labels, np.int64)).to(device)
     masks = dropout_masks(plan, model.config)  # (num_steps, batch, features), or None: no dropout
     masks_t = None if masks is None else torch.from_numpy(np.ascontiguousarray(masks[:, rows])).to(device)
@@ -120,7 +123,7 @@ def run_epochs(model: nn.Module, module: nn.Module, plan: TrainPlan, data: Datas
                 idx_t = torch.from_numpy(idx[rows]).to(device)
                 mask = None if masks_t is None else masks_t[epoch * plan.steps_per_epoch + i]
                 optimizer.zero_grad(set_to_none=True)
-                loss = F.cross_entropy(forward_logits(module, images[idx_t], mask), labels[idx_t])
+                loss = F.cross_entropy(forward_logits(module, inputs[idx_t], mask), labels[idx_t])
                 loss.backward()  # under DDP, the gradients are all-reduced (sum / world) as they are ready
                 optimizer.step()
                 losses.append(loss.detach())

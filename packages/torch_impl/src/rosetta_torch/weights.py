@@ -24,7 +24,13 @@ Conventions reconciled (what torch does differently from the spec, and where it 
   in models.py, so training moves one bias as Keras and Flax do); to_canonical returns the sum;
 - GRU: kernel (in, 3h) / recurrent_kernel (h, 3h) -> weight_ih_l0 / weight_hh_l0, transposed; gates r, z, n
   in both (Keras keeps z, r, h: its package permutes); input_bias -> bias_ih_l0, recurrent_bias ->
-  bias_hh_l0, torch's formula being the spec's (b_hn inside r * (...)).
+  bias_hh_l0, torch's formula being the spec's (b_hn inside r * (...));
+- text_transformer: `embed.embedding` (V, e) is nn.Embedding's weight as it is (no transpose; its padding_idx
+  row 0 is loaded like any row: zero in the canonical init, and torch never gives it a gradient);
+  nn.MultiheadAttention fuses the three input projections: in_proj_weight (3e, e) holds the query, key and value
+  kernels transposed, stacked in that order (`IN_PROJ_ORDER`: row block j is canonical IN_PROJ_ORDER[j]), and
+  in_proj_bias (3e,) their biases; `block.attn.out` is its out_proj (a Linear). The image attention model keeps
+  its three separate Linears (`block.attn.query.weight` ...).
 Every model carries its rosetta_common.spec.ModelConfig as `model.config` (models.create sets it):
 the image shape and sizes these mappings need come from there, never from the weights.
 """
@@ -54,13 +60,34 @@ _RECURRENT_NAMES = {
 LSTM_HIDDEN_BIAS = "lstm.bias_hh_l0"
 TRACKED = ".num_batches_tracked"  # torch's BatchNorm step counter: not canonical
 
+# text_transformer: nn.MultiheadAttention's in_proj row block j holds canonical projection IN_PROJ_ORDER[j] (torch's
+# order is q, k, v); written out, as GATE_ORDER, so a test can plant a wrong one.
+IN_PROJ_ORDER: tuple[str, ...] = ("query", "key", "value")
+_TEXT_NAMES = {"embed.embedding": "embed.weight", "block.attn.out.kernel": "block.attn.out_proj.weight",
+               "block.attn.out.bias": "block.attn.out_proj.bias"}
+IN_PROJ = {"kernel": "block.attn.in_proj_weight", "bias": "block.attn.in_proj_bias"}
+
 # Torch's gate block j holds canonical gate block GATE_ORDER[arch][j]. Canonical LSTM i, f, g, o and GRU r, z, n
 # are torch's own orders, so both are the identity; written out because a gate order is exactly the kind of
 # mapping that another framework gets wrong (Keras' GRU is z, r, h).
 GATE_ORDER: dict[str, tuple[int, ...]] = {"lstm": (0, 1, 2, 3), "gru": (0, 1, 2)}
 
 
-def torch_name(name: str) -> str:
+def _in_proj(name: str) -> tuple[str, str] | None:
+    """(projection, "kernel" | "bias") of a canonical q/k/v name of the text model, else None."""
+    parts = name.split(".")
+    if len(parts) == 4 and parts[:2] == ["block", "attn"] and parts[2] in IN_PROJ_ORDER and parts[3] in IN_PROJ:
+        return parts[2], parts[3]
+    return None
+
+
+def torch_name(name: str, arch: str | None = None) -> str:
+    """The torch state-dict name holding canonical `name` (for text_transformer, q, k and v share in_proj_*)."""
+    if arch == "text_transformer":
+        if name in _TEXT_NAMES:
+            return _TEXT_NAMES[name]
+        if (fused := _in_proj(name)) is not None:
+            return IN_PROJ[fused[1]]
     if name in _RECURRENT_NAMES:
         return _RECURRENT_NAMES[name]
     for canonical, native in _SUFFIXES.items():
@@ -118,12 +145,19 @@ def to_state_dict(config: ModelConfig, weights: Mapping[str, np.ndarray]) -> dic
     """Canonical weights as a state dict of a module of `config` (CPU tensors, torch names and layouts), without
     the num_batches_tracked counters, which are not canonical."""
     state: dict[str, np.ndarray] = {}
+    blocks: dict[str, dict[str, np.ndarray]] = {"kernel": {}, "bias": {}}  # text_transformer's q, k, v
     for name, value in weights.items():
         native = to_torch_layout(config, name, np.asarray(value))
-        if config.arch == "lstm" and name == "lstm.bias":
+        fused = _in_proj(name) if config.arch == "text_transformer" else None
+        if fused is not None:
+            blocks[fused[1]][fused[0]] = native
+        elif config.arch == "lstm" and name == "lstm.bias":
             state[torch_name(name)], state[LSTM_HIDDEN_BIAS] = split_lstm_bias(native)
         else:
-            state[torch_name(name)] = native
+            state[torch_name(name, config.arch)] = native
+    for kind, parts in blocks.items():
+        if parts:  # (out, in) kernels stacked on torch's rows, biases end to end: in_proj's q, k, v blocks
+            state[IN_PROJ[kind]] = np.concatenate([parts[p] for p in IN_PROJ_ORDER], axis=0)
     return {name: torch.from_numpy(np.ascontiguousarray(value)) for name, value in state.items()}
 
 
@@ -145,6 +179,16 @@ def to_canonical(model: nn.Module) -> Weights:
     if config.arch == "lstm":
         state["lstm.bias_ih_l0"] = state["lstm.bias_ih_l0"] + state.pop(LSTM_HIDDEN_BIAS)
     return {
-        name: np.ascontiguousarray(from_torch_layout(config, name, state[torch_name(name)].numpy()), np.float32)
+        name: np.ascontiguousarray(from_torch_layout(config, name, _native(config, name, state)), np.float32)
         for name in canonical_shapes(config)
     }
+
+
+def _native(config: ModelConfig, name: str, state: Mapping[str, torch.Tensor]) -> np.ndarray:
+    """The torch tensor holding canonical `name`, as numpy: for the text model's q, k or v, its block of in_proj."""
+    value = state[torch_name(name, config.arch)].numpy()
+    fused = _in_proj(name) if config.arch == "text_transformer" else None
+    if fused is None:
+        return value
+    block = IN_PROJ_ORDER.index(fused[0])
+    return np.split(value, len(IN_PROJ_ORDER), axis=0)[block]
