@@ -14,7 +14,7 @@ from rosetta_common.optim import adam_step, sgd_step
 from rosetta_common.spec import ARCHITECTURES, parse_spec
 from rosetta_common.testing import asymmetric_weights, learnable_data, small_config, small_spec
 from rosetta_common.training import plan
-from rosetta_common.weights import Weights, trainable_names
+from rosetta_common.weights import FROZEN, Weights, trainable_names
 
 STEPS = 6
 
@@ -51,8 +51,8 @@ def test_real_optimizer_computes_the_reference_formula(backend: ModuleType, name
 def test_the_plans_per_model_learning_rate_is_the_one_used(backend: ModuleType, arch: str) -> None:
     """One SGD step without momentum moves every weight by -lr * gradient: doubling this model's rate in a
     per-model map (the others' rates unchanged) must double every weight's move."""
-    data = learnable_data(n_train=16, n_test=4)
     config = small_config(arch)
+    data = learnable_data(n_train=16, n_test=4, tokens=config.input.kind == "tokens")
     start = asymmetric_weights(config, 30)
     moves = []
     for rate in (0.1, 0.2):
@@ -105,6 +105,13 @@ def test_training_reports_every_step_and_learns(two_runs: list[dict[str, np.ndar
     np.testing.assert_allclose(epoch_losses, steps.reshape(spec.train.epochs, per_epoch).mean(axis=1), rtol=1e-6)
     # it learned something from the learnable data (epoch means: one lucky first batch cannot decide it)
     assert epoch_losses[-1] < epoch_losses[0]
+
+
+def test_a_frozen_weight_stays_as_loaded(two_runs: list[dict[str, np.ndarray]]) -> None:
+    """text_transformer's key bias (rosetta_common.weights.FROZEN): no step moves it, not even by rounding."""
+    start = asymmetric_weights(small_config("text_transformer"), 11)
+    for name in FROZEN:
+        np.testing.assert_array_equal(two_runs[0][f"text_transformer/weights/{name}"], start[name], err_msg=name)
 
 
 def test_train_worker_output_matches_weights_layout(two_runs: list[dict[str, np.ndarray]], arch: str) -> None:
