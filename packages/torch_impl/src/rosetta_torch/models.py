@@ -181,6 +181,10 @@ class TextBlock(nn.Module):
         self.attn = nn.MultiheadAttention(embed_dim, num_heads, bias=True, batch_first=True)
         self.norm2 = nn.LayerNorm(embed_dim, eps=eps)
         self.mlp = FeedForward(embed_dim, mlp_dim)
+        # The key bias is frozen (rosetta_common.weights.FROZEN): its rows of the fused in_proj_bias get no gradient,
+        # so Adam leaves them exactly as loaded. A hook, not requires_grad: the q and v rows of the same tensor train.
+        key_rows = torch.arange(embed_dim, 2 * embed_dim)
+        self.attn.in_proj_bias.register_hook(lambda grad: grad.index_fill(0, key_rows.to(grad.device), 0.0))
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:  # (B, T, E), (B, T) True = token
         n = self.norm1(x)
