@@ -28,6 +28,9 @@ Framework = Literal["torch", "tf", "jax"]
 ARCHITECTURES: tuple[str, ...] = get_args(Architecture)
 # The models that read token ids (the text data set); every other one reads images.
 TOKEN_ARCHITECTURES: tuple[str, ...] = ("text_transformer",)
+# The models a spec lists when params.yaml names none. The text model is opt-in for now (params.yaml, "models"):
+# its packages, serving and validate checks are not all in place yet (README, "The text model").
+DEFAULT_MODELS: tuple[str, ...] = tuple(a for a in ARCHITECTURES if a not in TOKEN_ARCHITECTURES)
 FRAMEWORKS: tuple[str, ...] = get_args(Framework)
 PositiveInt = Annotated[int, Field(gt=0)]
 PositiveFloat = Annotated[float, Field(gt=0)]
@@ -401,7 +404,7 @@ def _merged(base: Any, override: Any) -> Any:
 class Spec(_Section):
     seed: Annotated[int, Field(ge=0)] = 0
     frameworks: list[Framework] = ["torch", "tf", "jax"]
-    models: list[Architecture] = list(ARCHITECTURES)
+    models: list[Architecture] = list(DEFAULT_MODELS)
     data: DataSpec = DataSpec()
     architecture: ArchitectureSpec = ArchitectureSpec()
     train: TrainSpec = TrainSpec()

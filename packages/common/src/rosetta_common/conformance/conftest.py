@@ -8,6 +8,7 @@ from types import ModuleType
 import numpy as np
 import pytest
 
+from rosetta_common.conformance.implemented import skip_unless_implemented
 from rosetta_common.interface import BACKEND_MODULES, load_backend
 from rosetta_common.spec import ARCHITECTURES, TOKEN_ARCHITECTURES
 from rosetta_common.testing import random_inputs, small_config
@@ -31,7 +32,8 @@ def backend() -> ModuleType:
 
 
 @pytest.fixture(params=ARCHITECTURES)
-def arch(request: pytest.FixtureRequest) -> str:
+def arch(request: pytest.FixtureRequest, backend: ModuleType) -> str:
+    skip_unless_implemented(backend, request.param)
     return request.param
 
 

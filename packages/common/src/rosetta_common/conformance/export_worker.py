@@ -14,9 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from rosetta_common.interface import load_backend
+from rosetta_common.interface import architectures, load_backend
 from rosetta_common.io import sha256
-from rosetta_common.spec import ARCHITECTURES
 from rosetta_common.testing import asymmetric_weights, random_inputs, small_config
 
 
@@ -25,7 +24,7 @@ def main(framework: str, out: str) -> None:
     backend.configure(0)
     images = np.random.default_rng(7).random((7, 8, 8), dtype=np.float32)
     digests = {}
-    for arch in ARCHITECTURES:
+    for arch in architectures(backend):
         config = small_config(arch)
         model = backend.build(config, asymmetric_weights(config, 40))
         folder = Path(out) / arch

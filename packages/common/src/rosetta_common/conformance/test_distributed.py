@@ -15,6 +15,7 @@ import pytest
 
 from rosetta_common.conformance.conftest import framework_under_test
 from rosetta_common.conformance.dp_worker import ARCHS
+from rosetta_common.conformance.implemented import skip_unless_implemented
 from rosetta_common.distributed import Cluster, free_ports
 from rosetta_common.errors import DistributedError
 from rosetta_common.testing import asymmetric_weights, learnable_data, small_config, small_spec
@@ -58,6 +59,7 @@ def _single_process(backend: ModuleType, arch: str) -> tuple[np.ndarray, dict[st
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_two_workers_train_as_one_process(backend: ModuleType, two_worker_run: list, arch: str) -> None:
+    skip_unless_implemented(backend, arch)
     losses, weights = _single_process(backend, arch)
     for rank, run in enumerate(two_worker_run):
         assert int(run[f"{arch}/workers"]) == WORKERS

@@ -7,6 +7,7 @@ from types import ModuleType
 import numpy as np
 import pytest
 
+from rosetta_common.conformance.implemented import skip_unless_implemented
 from rosetta_common.errors import WeightsError
 from rosetta_common.inputs import padding_mask
 from rosetta_common.metrics import max_abs_diff
@@ -80,6 +81,7 @@ def test_predict_handles_a_single_image(backend: ModuleType, arch: str, inputs: 
 
 def test_padding_changes_nothing(backend: ModuleType) -> None:
     """A token model's answer for a text does not depend on how far it is padded, nor on the rest of the batch."""
+    skip_unless_implemented(backend, "text_transformer")
     config = small_config("text_transformer")
     model = backend.build(config, asymmetric_weights(config, 9))
     tokens = random_inputs(config, 6, 16, length=6)
@@ -95,6 +97,7 @@ def test_padding_changes_nothing(backend: ModuleType) -> None:
 def test_a_bad_token_input_is_one_line(backend: ModuleType, value: str, message: str) -> None:
     from rosetta_common.errors import InputError
 
+    skip_unless_implemented(backend, "text_transformer")
     config = small_config("text_transformer")
     model = backend.build(config, asymmetric_weights(config, 9))
     good = random_inputs(config, 2, 3)
@@ -241,6 +244,7 @@ def test_a_planted_convention_mistake_is_caught(backend: ModuleType, arch_name: 
     """Each convention that differs between frameworks, planted wrongly: the package's model must agree with
     the reference and disagree with the planted version by far more than the tolerance the checks above use,
     so a package that made the mistake could not pass them."""
+    skip_unless_implemented(backend, arch_name)
     config = small_config(arch_name, NON_SQUARE)
     weights = asymmetric_weights(config, 14)
     images, mask = _training_batch(config)

@@ -11,8 +11,7 @@ import sys
 
 import numpy as np
 
-from rosetta_common.interface import load_backend
-from rosetta_common.spec import ARCHITECTURES
+from rosetta_common.interface import architectures, load_backend
 from rosetta_common.testing import asymmetric_weights, learnable_data, small_config, small_spec
 from rosetta_common.training import plan
 
@@ -22,7 +21,7 @@ def main(framework: str, out: str) -> None:
     backend.configure(0)
     spec = small_spec()
     arrays: dict[str, np.ndarray] = {}
-    for arch in ARCHITECTURES:
+    for arch in architectures(backend):
         config = small_config(arch)
         data = learnable_data(tokens=config.input.kind == "tokens")
         model = backend.build(config, asymmetric_weights(config, 11))
