@@ -54,7 +54,8 @@ def main(argv: list[str]) -> int:
     batches = {arch: load_for(arch, paths.PREPARED, cache).validation_batch(spec.export.validation_batch_size)
                for arch in spec.models}
     clock.lap("inputs")
-    image_batch = load_prepared(paths.PREPARED).validation_batch(spec.export.validation_batch_size)
+    images = cache["images"] if "images" in cache else load_prepared(paths.PREPARED)  # read once
+    image_batch = images.validation_batch(spec.export.validation_batch_size)
     ledger = Ledger()
     parity: list[dict[str, Any]] = []
     statistics: list[dict[str, Any]] = []

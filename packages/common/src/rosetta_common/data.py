@@ -22,7 +22,7 @@ from rosetta_common.errors import ArtifactError, DataError
 from rosetta_common.inputs import PAD_ID
 from rosetta_common.io import atomic_path
 from rosetta_common.seeding import derive_seed
-from rosetta_common.spec import TOKEN_ARCHITECTURES, DataSpec, ModelConfig, Spec, SpecError
+from rosetta_common.spec import DataSpec, ModelConfig, Spec, SpecError, input_kind
 
 IDX_FILES = {
     "train_images": "train-images-idx3-ubyte",
@@ -61,7 +61,7 @@ class Dataset:
     def model_config(self, spec: Spec, arch: str) -> ModelConfig:
         """`arch`'s config on this data: the spec's section, this data's input and classes. SpecError for a model
         that reads the other kind of input."""
-        wants = "tokens" if arch in TOKEN_ARCHITECTURES else "images"
+        wants = input_kind(arch)
         if wants != self.kind:
             raise SpecError(f"models: {arch!r} reads {wants}, this data set holds {self.kind}")
         if self.kind == "tokens":
@@ -314,7 +314,7 @@ def load_prepared_text(folder: str | Path = "data/prepared") -> Dataset:
 def load_for(arch: str, folder: str | Path = "data/prepared", cache: dict[str, Dataset] | None = None) -> Dataset:
     """The prepared data `arch` reads: the token split for a token model, the images otherwise (read once per
     kind when `cache` is given)."""
-    kind = "tokens" if arch in TOKEN_ARCHITECTURES else "images"
+    kind = input_kind(arch)
     if cache is not None and kind in cache:
         return cache[kind]
     data = load_prepared_text(folder) if kind == "tokens" else load_prepared(folder)

@@ -6,7 +6,7 @@ Bad input becomes one line naming the field, the value and what is allowed (Spec
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, ClassVar, Literal, get_args
 
 import yaml
 from pydantic import (
@@ -31,6 +31,11 @@ TOKEN_ARCHITECTURES: tuple[str, ...] = ("text_transformer",)
 # The models a spec lists when params.yaml names none. The text model is opt-in for now (params.yaml, "models"):
 # its packages, serving and validate checks are not all in place yet (README, "The text model").
 DEFAULT_MODELS: tuple[str, ...] = tuple(a for a in ARCHITECTURES if a not in TOKEN_ARCHITECTURES)
+
+
+def input_kind(arch: str) -> str:
+    """What `arch` reads: "tokens" for a token model, "images" otherwise (rosetta_common.inputs)."""
+    return "tokens" if arch in TOKEN_ARCHITECTURES else "images"
 FRAMEWORKS: tuple[str, ...] = get_args(Framework)
 PositiveInt = Annotated[int, Field(gt=0)]
 PositiveFloat = Annotated[float, Field(gt=0)]
@@ -82,23 +87,32 @@ class CNNSpec(_Section):
     conv2_filters: PositiveInt = 64
 
 
-class AttentionSpec(_Section):
-    embed_dim: PositiveInt = 512
-    num_heads: PositiveInt = 8
-    mlp_dim: PositiveInt = 512
+class _EncoderSpec(_Section):
+    """What both attention models' sections hold (their defaults differ), checked alike."""
+
+    section: ClassVar[str]
+    embed_dim: PositiveInt
+    num_heads: PositiveInt
+    mlp_dim: PositiveInt
     layer_norm_eps: PositiveFloat = 1e-5
 
     @model_validator(mode="after")
-    def _heads_divide_embed(self) -> AttentionSpec:
+    def _heads_divide_embed(self) -> _EncoderSpec:
         if self.embed_dim % self.num_heads:
-            raise ValueError(
-                f"architecture.attention.num_heads = {self.num_heads}: must divide embed_dim ({self.embed_dim})"
-            )
+            raise ValueError(f"architecture.{self.section}.num_heads = {self.num_heads}: must divide embed_dim "
+                             f"({self.embed_dim})")
         return self
 
     @property
     def head_dim(self) -> int:
         return self.embed_dim // self.num_heads
+
+
+class AttentionSpec(_EncoderSpec):
+    section: ClassVar[str] = "attention"
+    embed_dim: PositiveInt = 512
+    num_heads: PositiveInt = 8
+    mlp_dim: PositiveInt = 512
 
 
 class ResNetSpec(_Section):
@@ -123,25 +137,14 @@ class GRUSpec(_Section):
     hidden: PositiveInt = 128  # torch's formula: the reset gate applies after the recurrent matmul + bias
 
 
-class TextTransformerSpec(_Section):
+class TextTransformerSpec(_EncoderSpec):
     """The text classifier: token embedding plus learned positions, one pre-norm encoder block whose attention
     ignores padded keys, a final LayerNorm, the mean over real tokens, a dense head (rosetta_common.reference)."""
 
+    section: ClassVar[str] = "text_transformer"
     embed_dim: PositiveInt = 64
     num_heads: PositiveInt = 4
     mlp_dim: PositiveInt = 128
-    layer_norm_eps: PositiveFloat = 1e-5
-
-    @model_validator(mode="after")
-    def _heads_divide_embed(self) -> TextTransformerSpec:
-        if self.embed_dim % self.num_heads:
-            raise ValueError(f"architecture.text_transformer.num_heads = {self.num_heads}: must divide embed_dim "
-                             f"({self.embed_dim})")
-        return self
-
-    @property
-    def head_dim(self) -> int:
-        return self.embed_dim // self.num_heads
 
 
 class ArchitectureSpec(_Section):

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -48,23 +49,10 @@ def taps(config: ModelConfig, batch: int, length: int | None = None) -> list[Tap
     nhwc = "NHWC (batch, height, width, channels)"
     logits = Tap("logits", (b, classes), "(batch, classes)")
     if arch == "text_transformer":
-        e, m, heads, n = a.embed_dim, a.mlp_dim, a.num_heads, length or int(config.max_length)  # type: ignore[arg-type]
-        per_token = "(batch, tokens, features)"
-        return [
-            Tap("embed", (b, n, e), f"{per_token}: the token embedding plus the positions"),
-            Tap("block.norm1", (b, n, e), per_token),
-            Tap("block.attn.weights", (b, heads, n, n),
-                "(batch, heads, query token, key token): softmax, exactly 0 at padded keys"),
-            Tap("block.attn.out", (b, n, e), f"{per_token}: the output projection"),
-            Tap("block.norm2", (b, n, e), f"{per_token}: of the first residual sum"),
-            Tap("block.mlp.fc1", (b, n, m), per_token),
-            Tap("block.mlp.gelu", (b, n, m), per_token),
-            Tap("block.mlp.fc2", (b, n, e), per_token),
-            Tap("block", (b, n, e), f"{per_token}: the block's output, both residual sums"),
-            Tap("final_norm", (b, n, e), per_token),
-            Tap("pool", (b, e), f"{features}: the mean over real tokens (padding excluded)"),
-            logits,
-        ]
+        return _encoder_taps(a, b, length or int(config.max_length), logits, qkv=False,  # type: ignore[arg-type]
+                             embed="the token embedding plus the positions",
+                             weights="softmax, exactly 0 at padded keys", pool="the mean over real tokens "
+                             "(padding excluded)")
     height, width = config.image_shape  # type: ignore[misc]
     if arch == "mlp":
         return [Tap("hidden", (b, a.hidden), features), Tap("hidden.relu", (b, a.hidden), features), logits]
@@ -74,24 +62,8 @@ def taps(config: ModelConfig, batch: int, length: int | None = None) -> list[Tap
                 Tap("pool", (b, *half, c1), nhwc), Tap("conv2", (b, *half, c2), nhwc),
                 Tap("conv2.relu", (b, *half, c2), nhwc), logits]
     if arch == "attention":
-        e, m, heads, tokens = a.embed_dim, a.mlp_dim, a.num_heads, height
-        per_token = "(batch, tokens, features)"
-        split = Tap("", (b, heads, tokens, a.head_dim), "(batch, heads, tokens, head_dim)")
-        return [
-            Tap("embed", (b, tokens, e), f"{per_token}: the embedding plus the positions"),
-            Tap("block.norm1", (b, tokens, e), per_token),
-            *(Tap(f"block.attn.{p}", split.shape, split.layout) for p in ("query", "key", "value")),
-            Tap("block.attn.weights", (b, heads, tokens, tokens), "(batch, heads, query token, key token): softmax"),
-            Tap("block.attn.out", (b, tokens, e), f"{per_token}: the output projection"),
-            Tap("block.norm2", (b, tokens, e), f"{per_token}: of the first residual sum"),
-            Tap("block.mlp.fc1", (b, tokens, m), per_token),
-            Tap("block.mlp.gelu", (b, tokens, m), per_token),
-            Tap("block.mlp.fc2", (b, tokens, e), per_token),
-            Tap("block", (b, tokens, e), f"{per_token}: the block's output, both residual sums"),
-            Tap("final_norm", (b, tokens, e), per_token),
-            Tap("pool", (b, e), f"{features}: the mean over tokens"),
-            logits,
-        ]
+        return _encoder_taps(a, b, height, logits, qkv=True, embed="the embedding plus the positions",
+                             weights="softmax", pool="the mean over tokens")
     if arch == "resnet":
         stem, filters = a.stem_filters, a.block_filters
         full, half = (b, height, width, stem), (b, -(-height // 2), -(-width // 2), filters)
@@ -111,6 +83,31 @@ def taps(config: ModelConfig, batch: int, length: int | None = None) -> list[Tap
             states.insert(0, Tap("lstm.cell", (b, height, a.hidden), steps))
         return [*states, logits]
     raise ValueError(f"architecture {arch!r} has no taps")  # ModelConfig admits only the architectures above
+
+
+def _encoder_taps(a: Any, b: int, tokens: int, logits: Tap, qkv: bool, embed: str, weights: str,
+                  pool: str) -> list[Tap]:
+    """The taps of the pre-norm encoder both attention models share, for `tokens` tokens. Only the image model's own
+    attention ops expose q, k and v (`qkv`); the text model's built-in layers keep them inside."""
+    e, m, heads = a.embed_dim, a.mlp_dim, a.num_heads
+    per_token = "(batch, tokens, features)"
+    split = [Tap(f"block.attn.{p}", (b, heads, tokens, a.head_dim), "(batch, heads, tokens, head_dim)")
+             for p in ("query", "key", "value")] if qkv else []
+    return [
+        Tap("embed", (b, tokens, e), f"{per_token}: {embed}"),
+        Tap("block.norm1", (b, tokens, e), per_token),
+        *split,
+        Tap("block.attn.weights", (b, heads, tokens, tokens), f"(batch, heads, query token, key token): {weights}"),
+        Tap("block.attn.out", (b, tokens, e), f"{per_token}: the output projection"),
+        Tap("block.norm2", (b, tokens, e), f"{per_token}: of the first residual sum"),
+        Tap("block.mlp.fc1", (b, tokens, m), per_token),
+        Tap("block.mlp.gelu", (b, tokens, m), per_token),
+        Tap("block.mlp.fc2", (b, tokens, e), per_token),
+        Tap("block", (b, tokens, e), f"{per_token}: the block's output, both residual sums"),
+        Tap("final_norm", (b, tokens, e), per_token),
+        Tap("pool", (b, e), f"(batch, features): {pool}"),
+        logits,
+    ]
 
 
 # Where a model whose submodules carry the canonical names (rosetta_torch's and rosetta_jax's do) holds each tap:

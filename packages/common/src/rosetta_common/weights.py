@@ -56,25 +56,11 @@ def canonical_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Name -> shape of every parameter of the model, in canonical layout and in a fixed order."""
     arch, num_classes, a = config.arch, config.num_classes, config.settings
     if arch == "text_transformer":
-        e, m = a.embed_dim, a.mlp_dim
-        attn = {f"block.attn.{p}.{part}": (e, e) if part == "kernel" else (e,)
-                for p in ("query", "key", "value", "out") for part in ("kernel", "bias")}
+        e = a.embed_dim
         return {
             "embed.embedding": (int(config.vocab_size), e),  # type: ignore[arg-type]
             "pos_embedding": (int(config.max_length), e),  # type: ignore[arg-type]
-            "block.norm1.scale": (e,),
-            "block.norm1.bias": (e,),
-            **attn,
-            "block.norm2.scale": (e,),
-            "block.norm2.bias": (e,),
-            "block.mlp.fc1.kernel": (e, m),
-            "block.mlp.fc1.bias": (m,),
-            "block.mlp.fc2.kernel": (m, e),
-            "block.mlp.fc2.bias": (e,),
-            "final_norm.scale": (e,),
-            "final_norm.bias": (e,),
-            "head.kernel": (e, num_classes),
-            "head.bias": (num_classes,),
+            **_encoder(e, a.mlp_dim, num_classes, qkv_bias=True),
         }
     height, width = config.image_shape  # type: ignore[misc]
     if arch == "mlp":
@@ -97,28 +83,12 @@ def canonical_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
             "head.bias": (num_classes,),
         }
     if arch == "attention":
-        e, m = a.embed_dim, a.mlp_dim
+        e = a.embed_dim
         return {
             "embed.kernel": (width, e),
             "embed.bias": (e,),
             "pos_embedding": (height, e),
-            "block.norm1.scale": (e,),
-            "block.norm1.bias": (e,),
-            "block.attn.query.kernel": (e, e),
-            "block.attn.key.kernel": (e, e),
-            "block.attn.value.kernel": (e, e),
-            "block.attn.out.kernel": (e, e),
-            "block.attn.out.bias": (e,),
-            "block.norm2.scale": (e,),
-            "block.norm2.bias": (e,),
-            "block.mlp.fc1.kernel": (e, m),
-            "block.mlp.fc1.bias": (m,),
-            "block.mlp.fc2.kernel": (m, e),
-            "block.mlp.fc2.bias": (e,),
-            "final_norm.scale": (e,),
-            "final_norm.bias": (e,),
-            "head.kernel": (e, num_classes),
-            "head.bias": (num_classes,),
+            **_encoder(e, a.mlp_dim, num_classes, qkv_bias=False),
         }
     if arch == "resnet":
         stem, filters = a.stem_filters, a.block_filters
@@ -154,6 +124,24 @@ def canonical_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
             "head.bias": (num_classes,),
         }
     raise ValueError(f"architecture {arch!r} has no canonical layout")  # ModelConfig admits only known ones
+
+
+def _encoder(e: int, m: int, num_classes: int, qkv_bias: bool) -> dict[str, tuple[int, ...]]:
+    """The pre-norm encoder block, final norm and head both attention models share, in canonical order; the
+    image model's query, key and value have no bias, the text model's (built-in layers) have one."""
+    attn = {}
+    for p in ("query", "key", "value", "out"):
+        attn[f"block.attn.{p}.kernel"] = (e, e)
+        if qkv_bias or p == "out":
+            attn[f"block.attn.{p}.bias"] = (e,)
+    return {
+        "block.norm1.scale": (e,), "block.norm1.bias": (e,), **attn,
+        "block.norm2.scale": (e,), "block.norm2.bias": (e,),
+        "block.mlp.fc1.kernel": (e, m), "block.mlp.fc1.bias": (m,),
+        "block.mlp.fc2.kernel": (m, e), "block.mlp.fc2.bias": (e,),
+        "final_norm.scale": (e,), "final_norm.bias": (e,),
+        "head.kernel": (e, num_classes), "head.bias": (num_classes,),
+    }
 
 
 def _batchnorm(prefix: str, channels: int) -> dict[str, tuple[int, ...]]:
