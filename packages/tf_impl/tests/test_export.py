@@ -20,10 +20,11 @@ import pytest
 
 import rosetta_tf
 from rosetta_common.errors import ArtifactError, ExportError
+from rosetta_common.interface import architectures
 from rosetta_common.metrics import inference_mode_problems
 from rosetta_common.onnx_conventions import INPUT_NAME, OPSETS, OUTPUT_NAME
 from rosetta_common.spec import ModelConfig, Spec
-from rosetta_common.testing import ARCHS, asymmetric_weights, small_config
+from rosetta_common.testing import asymmetric_weights, small_config
 from rosetta_tf.export import CONFIG_FILE, KERAS_FILE, SAVED_MODEL_DIR, load_keras, load_native
 
 NON_SQUARE = (6, 10)
@@ -106,7 +107,7 @@ import sys
 from pathlib import Path
 import numpy as np
 import rosetta_tf
-from rosetta_common.spec import ARCHITECTURES
+from rosetta_common.interface import architectures
 from rosetta_common.metrics import inference_mode_problems
 from rosetta_common.onnx_conventions import INPUT_NAME, OPSETS, OUTPUT_NAME
 from rosetta_common.spec import Spec
@@ -114,7 +115,7 @@ from rosetta_common.testing import ARCHS, asymmetric_weights, small_config
 rosetta_tf.configure(0)
 shape = tuple(int(n) for n in sys.argv[2:4])
 example = np.zeros((2, *shape), np.float32)
-for arch in ARCHITECTURES:
+for arch in architectures(rosetta_tf):
     config = small_config(arch, shape)
     rosetta_tf.export_native(rosetta_tf.build(config, asymmetric_weights(config, 0)), Path(sys.argv[1]) / arch, example)
 """
@@ -146,7 +147,7 @@ def test_exports_are_byte_identical_across_processes(fresh_exports: tuple[Path, 
     assert any(f"/{SAVED_MODEL_DIR}/variables/" in name for name in first)
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", architectures(rosetta_tf))
 def test_keras_zip_carries_no_time_or_address(arch: str, fresh_exports: tuple[Path, Path]) -> None:
     with zipfile.ZipFile(fresh_exports[0] / arch / KERAS_FILE) as archive:
         infos = archive.infolist()
@@ -169,7 +170,7 @@ def _shared_object_ids(node: object) -> list[int]:
     return []
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", architectures(rosetta_tf))
 def test_normalized_export_loads_safely_and_predicts_identically(arch: str,
                                                                  fresh_exports: tuple[Path, Path]) -> None:
     config = small_config(arch, NON_SQUARE)
