@@ -340,7 +340,7 @@ def run(tiny_pipeline: TinyRun, tmp_path_factory: pytest.TempPathFactory) -> Run
     data = load_prepared(root / "data/prepared")
     (root / IDX_DIR).mkdir()
     for name, stem in IDX_FILES.items():
-        values = getattr(data, name)
+        values = getattr(data, name.replace("_images", "_inputs"))  # IDX names the images; Dataset its inputs
         write_idx(root / IDX_DIR / stem, np.rint(values * 16) if "images" in name else values)
     # the folder itself is good: each IDX case fails for its one damage
     check_dataset(load_idx_folder(root / IDX_DIR, 16.0), IDX_DIR)
