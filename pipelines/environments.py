@@ -120,8 +120,12 @@ def thread_environment(base: dict[str, str]) -> dict[str, str]:
     # alignment; the code path is the floor's (ISA_PINS). It costs nothing measurable here (torch epochs of mlp, cnn
     # and attention side by side: within noise). The one run-to-run difference found in torch came from elsewhere:
     # see rosetta_torch.make_optimizer.
+    # TF's oneDNN kernels off: on an AVX-512 EPYC with 2 threads (capped at AVX2 or not), TF's resnet trained
+    # differently from one process to the next (6 processes: two distinct runs, step losses 6e-6 apart),
+    # enable_op_determinism notwithstanding; with oneDNN off (TF's Eigen kernels) every process gave the same bits.
     return {"ROSETTA_THREADS": value, "OMP_NUM_THREADS": value, "MKL_NUM_THREADS": value, "MKL_DYNAMIC": "FALSE",
-            "TF_NUM_INTRAOP_THREADS": value, "TF_NUM_INTEROP_THREADS": value, "XLA_FLAGS": xla, **ISA_PINS}
+            "TF_NUM_INTRAOP_THREADS": value, "TF_NUM_INTEROP_THREADS": value, "TF_ENABLE_ONEDNN_OPTS": "0",
+            "XLA_FLAGS": xla, **ISA_PINS}
 
 
 # Every runtime that picks its kernels by the CPU's instruction sets is held to the floor of the machines this project
