@@ -41,7 +41,7 @@ from rosetta_common.spec import ModelConfig
 from rosetta_common.training import TrainPlan, dropout_masks
 from rosetta_common.weights import Weights
 from rosetta_jax.models import Model, build, training_view
-from rosetta_jax.train import TrainState, make_optimizer, make_train_step, run_epochs
+from rosetta_jax.train import TrainState, make_optimizer, make_train_step, run_epochs, training_inputs
 
 _POLL_SECONDS = 0.2  # how often a worker retries the coordinator's address while it waits for rank 0
 
@@ -157,11 +157,12 @@ def train_data_parallel(config: ModelConfig, weights: Weights, plan: TrainPlan, 
     # the partitioner all-reduces the gradient (and the loss) rather than leaving them split over workers.
     train_step = jax.jit(make_train_step(graphdef, tx), out_shardings=replicated)
     masks = dropout_masks(plan, config)  # None for a model without dropout; else row s is step s's mask
+    inputs = training_inputs(config, data)  # checked; token ids as JAX's int32, as train() takes them
 
     def step(state: TrainState, idx: np.ndarray, s: int) -> tuple[TrainState, jax.Array]:
         own = idx[rows]
         mask = None if masks is None else shard(masks[s][rows])
-        *state, loss = train_step(*state, shard(data.train_inputs[own]), shard(data.train_labels[own]), mask)
+        *state, loss = train_step(*state, shard(inputs[own]), shard(data.train_labels[own]), mask)
         return tuple(state), loss
 
     def read(losses: list[jax.Array]) -> list[float]:

@@ -30,9 +30,9 @@ from flax import nnx, serialization
 from rosetta_common.errors import ArtifactError, ExportError, WeightsError, one_line
 from rosetta_common.interface import Predict
 from rosetta_common.io import atomic_path, write_bytes, write_text
-from rosetta_common.onnx_conventions import BATCH_DIM, INPUT_NAME, OPSETS, OUTPUT_NAME, conform
+from rosetta_common.onnx_conventions import BATCH_DIM, LENGTH_DIM, OPSETS, OUTPUT_NAME, conform
 from rosetta_common.spec import ModelConfig
-from rosetta_jax.models import Model, build, predict
+from rosetta_jax.models import Model, build, jax_ids, predict
 from rosetta_jax.weights import VARIABLES, from_native
 
 CONFIG_FILE = "config.json"
@@ -53,7 +53,9 @@ def _closed_forward(graphdef: nnx.GraphDef[Model], state: nnx.State, images: jax
 
 
 def _check_example(config: ModelConfig, example: np.ndarray) -> None:
-    if tuple(np.shape(example)[1:]) != config.image_shape:
+    if config.input.kind == "tokens":
+        config.input.check(example, "example tokens")
+    elif tuple(np.shape(example)[1:]) != config.image_shape:
         raise ValueError(f"example images {np.shape(example)} do not fit the model's {config.image_shape}")
 
 
@@ -70,12 +72,28 @@ def export_native(model: Model, out_dir: Path, example: np.ndarray) -> list[Path
     write_bytes(paths[1], serialization.msgpack_serialize(jax.tree.map(np.asarray, pure)))
 
     graphdef, state = nnx.split(model)
-    height, width = config.image_shape
     forward = jax.jit(partial(_closed_forward, graphdef, state))
-    batch = jax.export.symbolic_shape(f"b, {height}, {width}")
-    exported = jax.export.export(forward)(jax.ShapeDtypeStruct(batch, jnp.float32))  # locations: see configure()
+    exported = jax.export.export(forward)(input_struct(config))  # locations: see configure()
     write_bytes(paths[2], bytes(exported.serialize()))
     return paths
+
+
+def token_shape(config: ModelConfig, batch: str, length: str) -> tuple[Any, ...]:
+    """A token model's symbolic (batch, length), length at most max_length: without that constraint the
+    positions sliced to the length, pos_embedding[:length], would be min(max_length, length) long."""
+    return jax.export.symbolic_shape(f"{batch}, {length}", constraints=[f"{length} <= {config.max_length}"])
+
+
+def input_struct(config: ModelConfig) -> jax.ShapeDtypeStruct:
+    """The jax.export argument: images (b, height, width) float32, or token ids (b, length) int32: a token model's
+    module has a symbolic length too, and takes JAX's integer (x64 stays off: a module taking int64 could be called
+    only with x64 on); load_native's predict takes the contract's int64 ids, checks them and converts (exact).
+    Defined after export_native, as the text model's code is after the image models': a jax.export module
+    records the source line of every op, and the image models' exports keep their bytes."""
+    if config.input.kind == "tokens":
+        return jax.ShapeDtypeStruct(token_shape(config, "b", "length"), jnp.int32)
+    height, width = config.image_shape
+    return jax.ShapeDtypeStruct(jax.export.symbolic_shape(f"b, {height}, {width}"), jnp.float32)
 
 
 def _read(path: Path) -> bytes:
@@ -127,7 +145,12 @@ def load_native(out_dir: Path) -> dict[str, Predict]:
     except Exception as error:  # flatbuffers/StableHLO errors for damaged bytes
         raise ArtifactError(f"{export_path}: not a readable jax.export module ({one_line(str(error))})") from None
 
+    config = model.config
+
     def jax_export_predict(images: np.ndarray) -> np.ndarray:
+        if config.input.kind == "tokens":
+            return np.asarray(exported.call(jnp.asarray(jax_ids(config.input.check(images, "jax_export")))),
+                              dtype=np.float32)
         return np.asarray(exported.call(jnp.asarray(images, jnp.float32)), dtype=np.float32)
 
     return {"flax_msgpack": partial(predict, model), "jax_export": jax_export_predict}
@@ -181,6 +204,25 @@ def drop_contradicted_shapes(proto: Any) -> Any:
     return proto
 
 
+def int64_tokens_input(proto: Any) -> Any:
+    """Make the graph's int32 token input (jax2onnx traces with x64 off: JAX's int is int32) the convention's int64
+    one: the input keeps its name and dims, becomes int64, and one Cast to int32 feeds what read it (exact: ids
+    are below the vocabulary size). Returns the same ModelProto."""
+    import onnx
+
+    graph = proto.graph
+    tokens = graph.input[0]
+    if tokens.type.tensor_type.elem_type == onnx.TensorProto.INT64:
+        return proto
+    inner = f"{tokens.name}_int32"
+    for node in graph.node:
+        node.input[:] = [inner if name == tokens.name else name for name in node.input]
+    graph.node.insert(0, onnx.helper.make_node("Cast", [tokens.name], [inner], name=f"{tokens.name}_to_int32",
+                                               to=onnx.TensorProto.INT32))
+    tokens.type.tensor_type.elem_type = onnx.TensorProto.INT64
+    return proto
+
+
 # The jax2onnx plugin trees our models convert with: jax's primitives and flax.nnx's modules.
 PLUGIN_TREES = ("jax", "flax/nnx")
 
@@ -216,13 +258,20 @@ def export_onnx(model: Model, path: Path, example: np.ndarray) -> None:
 
     config = model.config
     _check_example(config, example)
-    height, width = config.image_shape
+    tokens = config.input.kind == "tokens"
+    if tokens:  # (batch, length) int32 ids: jax2onnx traces with x64 off, int64_tokens_input makes them int64
+        inputs: list[Any] = [jax.ShapeDtypeStruct(token_shape(config, BATCH_DIM, LENGTH_DIM), jnp.int32)]
+    else:
+        height, width = config.image_shape
+        inputs = [(BATCH_DIM, height, width)]
     model = inference_view(model)
     try:
         with _quiet("onnx_ir"):
-            proto = to_onnx(partial(_closed_forward, *nnx.split(model)), [(BATCH_DIM, height, width)],
+            proto = to_onnx(partial(_closed_forward, *nnx.split(model)), inputs,
                             model_name=f"rosetta_{config.arch}", opset=OPSETS["jax"],
-                            input_names=[INPUT_NAME], output_names=[OUTPUT_NAME])
+                            input_names=[config.input.name], output_names=[OUTPUT_NAME])
+        if tokens:
+            int64_tokens_input(proto)
         drop_contradicted_shapes(proto)
         onnx.checker.check_model(proto, full_check=True)
     except Exception as error:  # the converter's own failures come as many types; one line for the stage

@@ -1,11 +1,10 @@
-"""The six architectures as Flax NNX modules, written the way Flax's own NNX examples write models, and
-the contract's build(), predict(), model_config() and forward_train().
+"""The seven architectures as Flax NNX modules (six read images, text_transformer token ids), written the way
+Flax's own NNX examples write models, and the contract's build(), predict(), model_config() and forward_train().
 
-NNX (not Linen) because it is Flax 0.12's recommended API and because its attribute paths are, nearly
-everywhere, the canonical names: `self.block.attn.query.kernel` is "block.attn.query.kernel", Flax keeps
-dense kernels (in, out) and conv kernels HWIO, and it flattens NHWC, so weights.py transposes nothing
-(rosetta_common.weights' docstring chose that convention); it renames BatchNorm's statistics and the
-recurrent cells' Linears (weights.py's docstring lists every reconciliation).
+NNX (not Linen): Flax 0.12's recommended API, whose attribute paths are, nearly everywhere, the canonical names
+(`self.block.attn.query.kernel` is "block.attn.query.kernel"); Flax keeps dense kernels (in, out), conv kernels
+HWIO and flattens NHWC, so weights.py transposes nothing; it renames or reshapes a few (its docstring lists them).
+The text model's conventions are in TextTransformer's docstring, after the image models (exports record lines).
 
 Defaults that differ from the spec and are overridden here on purpose:
 - nnx.LayerNorm: epsilon 1e-6 and a one-pass "fast" variance by default; the spec is eps 1e-5 and the
@@ -41,6 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from rosetta_common.inputs import PAD_ID
 from rosetta_common.spec import ModelConfig
 from rosetta_common.training import dropout_features
 from rosetta_common.weights import Weights
@@ -252,37 +252,106 @@ class GRUClassifier(nnx.Module):
         return self.head(last_hidden)
 
 
-Model = MLP | CNN | AttentionClassifier | ResNet | LSTMClassifier | GRUClassifier
+# The text model's masks, each its own module-level function so that a test can plant the mistakes the
+# conformance suite names (the polarity inverted, padding pooled) in one place.
+def token_mask(tokens: jax.Array) -> jax.Array:
+    """(B, T) bool, True where a position holds a real token (not PAD_ID)."""
+    return tokens != PAD_ID
+
+
+def attention_mask(real: jax.Array) -> jax.Array:
+    """nnx.MultiHeadAttention's `mask` from token_mask's (B, T): True = attend, the polarity of Flax's (and Keras')
+    mask, the negation of torch's key_padding_mask. (B, 1, 1, T) broadcasts over heads and QUERIES: only padded
+    keys are masked. nnx.make_attention_mask(real, real) would be (B, 1, T, T) with the padded query rows masked
+    in full, and a softmax over no key at all (uniform or NaN) where the spec computes every query."""
+    return real[:, None, None, :]
+
+
+def masked_mean(x: jax.Array, real: jax.Array) -> jax.Array:
+    """The mean of x (B, T, E) over the real positions of token_mask's (B, T): padding is not pooled."""
+    keep = real.astype(x.dtype)[..., None]
+    return (x * keep).sum(axis=1) / keep.sum(axis=1)
+
+
+class TextEncoderBlock(nnx.Module):
+    """The pre-norm encoder block of the text model: Flax's own nnx.MultiHeadAttention (biases on all four
+    projections, no dropout, no decoding cache) between LayerNorms, the MLP as the attention model's."""
+
+    def __init__(self, embed_dim: int, num_heads: int, mlp_dim: int, eps: float, *, rngs: nnx.Rngs) -> None:
+        self.norm1 = nnx.LayerNorm(embed_dim, epsilon=eps, use_fast_variance=False, rngs=rngs)
+        self.attn = nnx.MultiHeadAttention(num_heads, embed_dim, qkv_features=embed_dim, out_features=embed_dim,
+                                           use_bias=True, decode=False, deterministic=True, rngs=rngs)
+        self.norm2 = nnx.LayerNorm(embed_dim, epsilon=eps, use_fast_variance=False, rngs=rngs)
+        self.mlp = MLPBlock(embed_dim, mlp_dim, rngs=rngs)
+
+    def __call__(self, x: jax.Array, mask: jax.Array, sow_weights: bool = False) -> jax.Array:
+        # sow_weights (the taps only) sows the softmax into nnx.Intermediate (nnx.capture reads it).
+        x = x + self.attn(self.norm1(x), mask=mask, sow_weights=sow_weights)
+        return x + self.mlp(self.norm2(x))
+
+
+class TextTransformer(nnx.Module):
+    """Token ids (B, T), 1 <= T <= max_length, PAD_ID padding: nnx.Embed plus learned positions (rows 0..T-1), one
+    encoder block whose attention skips padded keys, a final LayerNorm, the mean over real tokens, a dense head.
+    nnx.Embed has no padding option (torch's padding_idx): the canonical embedding's zero row 0 is loaded like
+    any other row, and padding is handled by the masks alone."""
+
+    def __init__(self, vocab_size: int, max_length: int, embed_dim: int, num_heads: int, mlp_dim: int, eps: float,
+                 num_classes: int, *, rngs: nnx.Rngs) -> None:
+        self.embed = nnx.Embed(vocab_size, embed_dim, rngs=rngs)
+        self.pos_embedding = nnx.Param(jnp.zeros((max_length, embed_dim), jnp.float32))
+        self.block = TextEncoderBlock(embed_dim, num_heads, mlp_dim, eps, rngs=rngs)
+        self.final_norm = nnx.LayerNorm(embed_dim, epsilon=eps, use_fast_variance=False, rngs=rngs)
+        self.head = nnx.Linear(embed_dim, num_classes, rngs=rngs)
+        # The mask and pooling functions as static attributes (as nnx.MultiHeadAttention keeps its attention_fn):
+        # part of the graphdef, so a model built while one is planted differently compiles anew instead of
+        # reusing jit's cached program of the right one.
+        self.token_mask, self.attention_mask, self.masked_mean = token_mask, attention_mask, masked_mean
+
+    def __call__(self, tokens: jax.Array, sow_weights: bool = False) -> jax.Array:
+        real = self.token_mask(tokens)
+        x = self.embed(tokens) + self.pos_embedding[: tokens.shape[1]]
+        x = self.final_norm(self.block(x, self.attention_mask(real), sow_weights))
+        return self.head(self.masked_mean(x, real))
+
+
+Model = MLP | CNN | AttentionClassifier | ResNet | LSTMClassifier | GRUClassifier | TextTransformer
 
 
 def create(config: ModelConfig) -> Model:
     """An abstract model (shapes only, no random init; build() fills in canonical weights), carrying its
     ModelConfig as a static attribute: the pydantic object is frozen and hashable, so NNX keeps it in the
     graphdef (static data, part of jit's cache key) rather than as state."""
-    height, width = config.image_shape
     a = config.settings  # that architecture's section; ModelConfig validated that it is the right one
 
     def make() -> Model:
         rngs = nnx.Rngs(0)  # never used for real values: eval_shape only traces the initialisers
-        model: Model
-        if config.arch == "mlp":
-            model = MLP(height, width, a.hidden, config.num_classes, rngs=rngs)
-        elif config.arch == "cnn":
-            model = CNN(height, width, a.conv1_filters, a.conv2_filters, config.num_classes, rngs=rngs)
-        elif config.arch == "attention":
-            model = AttentionClassifier(height, width, a.embed_dim, a.num_heads, a.mlp_dim, a.layer_norm_eps,
-                                        config.num_classes, rngs=rngs)
-        elif config.arch == "resnet":
-            model = ResNet(a.stem_filters, a.block_filters, a.dropout, a.batchnorm_momentum, a.batchnorm_epsilon,
-                           config.num_classes, rngs=rngs)
-        elif config.arch == "lstm":
-            model = LSTMClassifier(width, a.hidden, config.num_classes, rngs=rngs)
-        else:  # "gru": ModelConfig admits no other architecture
-            model = GRUClassifier(width, a.hidden, config.num_classes, rngs=rngs)
+        model = (TextTransformer(config.vocab_size, config.max_length, a.embed_dim, a.num_heads, a.mlp_dim,
+                                 a.layer_norm_eps, config.num_classes, rngs=rngs)
+                 if config.arch == "text_transformer" else image_model(config, rngs))
         model.config = config
         return model
 
     return nnx.eval_shape(make)
+
+
+def image_model(config: ModelConfig, rngs: nnx.Rngs) -> Model:
+    """The module of an image architecture (create's, inside its eval_shape)."""
+    height, width = config.image_shape
+    a = config.settings
+    if config.arch == "mlp":
+        return MLP(height, width, a.hidden, config.num_classes, rngs=rngs)
+    if config.arch == "cnn":
+        return CNN(height, width, a.conv1_filters, a.conv2_filters, config.num_classes, rngs=rngs)
+    if config.arch == "attention":
+        return AttentionClassifier(height, width, a.embed_dim, a.num_heads, a.mlp_dim, a.layer_norm_eps,
+                                   config.num_classes, rngs=rngs)
+    if config.arch == "resnet":
+        return ResNet(a.stem_filters, a.block_filters, a.dropout, a.batchnorm_momentum, a.batchnorm_epsilon,
+                      config.num_classes, rngs=rngs)
+    if config.arch == "lstm":
+        return LSTMClassifier(width, a.hidden, config.num_classes, rngs=rngs)
+    return GRUClassifier(width, a.hidden, config.num_classes, rngs=rngs)  # "gru": no other image architecture
 
 
 def build(config: ModelConfig, weights: Weights) -> Model:
@@ -302,10 +371,25 @@ def _forward(graphdef: nnx.GraphDef[Any], state: nnx.State, images: jax.Array) -
     return nnx.merge(graphdef, state)(images)
 
 
+def jax_ids(tokens: np.ndarray) -> np.ndarray:
+    """Checked int64 token ids as int32, JAX's integer without x64 (which the package leaves off: it would make
+    every default float64): exact, ids are below vocab_size."""
+    return tokens.astype(np.int32)
+
+
+def model_input(config: ModelConfig, x: np.ndarray, where: str) -> jax.Array:
+    """`x` checked against what the model reads (rosetta_common.inputs: one-line InputError), as a JAX array:
+    images float32, token ids int32 (jax_ids)."""
+    x = config.input.check(x, where)
+    return jnp.asarray(jax_ids(x)) if config.input.kind == "tokens" else jnp.asarray(x, jnp.float32)
+
+
 def predict(model: Model, images: np.ndarray) -> np.ndarray:
-    """Logits as float32 numpy; compiles once per new batch size (the graphdef is the static cache key)."""
+    """Logits as float32 numpy for images or token ids (checked first); compiles once per new input shape (the
+    graphdef is the static cache key)."""
+    x = model_input(model.config, images, "predict")
     graphdef, state = nnx.split(model)
-    return np.asarray(_forward(graphdef, state, jnp.asarray(images, jnp.float32)), dtype=np.float32)
+    return np.asarray(_forward(graphdef, state, x), dtype=np.float32)
 
 
 def training_view(model: Model) -> Model:
@@ -345,9 +429,10 @@ def forward_train(model: Model, images: np.ndarray, dropout_mask: np.ndarray | N
     """One training-mode forward as a training step runs it, without a gradient: BatchNorm normalizes with the
     batch's statistics and its running statistics move in place; the dropout mask (or none) multiplies the
     pooled features. The model stays in inference mode (only a view of it trains)."""
+    x = model_input(model.config, images, "forward_train")
     check_dropout_mask(model, images, dropout_mask)
     graphdef, state = nnx.split(training_view(model))
     mask = None if dropout_mask is None else jnp.asarray(dropout_mask, jnp.float32)
-    logits, statistics = _forward_train(graphdef, state, jnp.asarray(images, jnp.float32), mask)
+    logits, statistics = _forward_train(graphdef, state, x, mask)
     nnx.update(model, statistics)
     return np.asarray(logits, dtype=np.float32)

@@ -13,6 +13,11 @@ Flax NNX's own mechanism, converted to the canonical layout (the heads split).
   split q and k; a mistake in __call__'s own glue shows at block.attn.out. The LSTM's
   cell state per step is the carry of the model's own cell, stepped over the rows (nnx.RNN returns only the
   hidden states).
+- The text model's attention is Flax's own nnx.MultiHeadAttention: its weights are what the layer itself sows
+  when called with sow_weights=True (nnx.capture(..., nnx.Intermediate) collects them, and removes what it
+  added). With sow_weights the layer computes its softmax explicitly (nnx.dot_product_attention_weights) rather
+  than through jax.nn.dot_product_attention, so the taps' forward is that path; predict's logits agree within
+  the forward tolerance (the package's tests check it).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from flax import nnx
 
 from rosetta_common.spec import ModelConfig
 from rosetta_common.taps import Tap, module_sources, taps
+from rosetta_jax.models import model_input
 
 # Tap -> where the NNX forward holds it: rosetta_common.taps.MODULE_SOURCES, and (…, "derived") for the taps
 # computed here from others.
@@ -35,7 +41,9 @@ SOURCES = module_sources({
     "cnn": {"conv1.relu": ("conv1", "derived")},
     "attention": {"block.attn.weights": ("block.attn", "derived")},
     "lstm": {"lstm.cell": ("lstm", "derived")},
+    "text_transformer": {"block.attn.weights": ("block.attn", "sown"), "block.attn.out": ("block.attn", "output")},
 })
+SOWN = "attention_weights"  # the name nnx.MultiHeadAttention sows its softmax under
 
 
 @contextmanager
@@ -86,19 +94,40 @@ def _stepped_cells(model: nnx.Module, x: jax.Array) -> jax.Array:
     return jnp.stack(cells, axis=1)
 
 
+def _captured(model: nnx.Module, x: jax.Array) -> nnx.State:
+    """The nnx.Intermediate values `model` sows in one forward with sow_weights=True (nnx.capture's; it leaves
+    the model as it was, also when the forward fails)."""
+    try:
+        _, sown = nnx.capture(model, nnx.Intermediate)(x, sow_weights=True)
+    finally:  # nnx.capture removes its __captures__ only after a forward that returns
+        for _, module in nnx.iter_modules(model):
+            if "__captures__" in vars(module):
+                delattr(module, "__captures__")
+    return sown
+
+
 def forward_with_taps(model: nnx.Module, images: np.ndarray) -> dict[str, np.ndarray]:
     """Every tap of rosetta_common.taps in the canonical names, order, shapes and layouts, float32, from one
     inference-mode forward of `model` (its `logits` are what predict returns)."""
     config: ModelConfig = model.config
     sources = SOURCES[config.arch]
-    x = jnp.asarray(images, jnp.float32)
-    with _recording(model, {path for path, kind in sources.values() if kind != "derived"}) as read:
-        model(x)
+    x = model_input(config, images, "forward_with_taps")
+    sown = None
+    with _recording(model, {path for path, kind in sources.values() if kind not in ("derived", "sown")}) as read:
+        if config.input.kind == "tokens":
+            sown = _captured(model, x)
+        else:
+            model(x)
     out: dict[str, jax.Array] = {}
-    for tap in taps(config, len(images)):
+    for tap in taps(config, *x.shape[:2]) if config.input.kind == "tokens" else taps(config, len(images)):
         path, kind = sources[tap.name]
         if tap.name == "conv1.relu":
             value = nnx.relu(read[("conv1", "output")])
+        elif kind == "sown":
+            node = sown
+            for part in path.split("."):
+                node = node[part]
+            (value,) = node[SOWN].get_value()  # one call, one value (sow's tuple)
         elif tap.name == "block.attn.weights":
             # The model's own method on its own q and k, back in its layout (B, T, heads, head_dim).
             q, k = (out[f"block.attn.{p}"].transpose(0, 2, 1, 3) for p in ("query", "key"))

@@ -5,6 +5,8 @@ The step follows Flax's NNX "functional" style (nnx.split once into parameters a
 jax.jit over those pure states, nnx.merge inside): it is the pattern Flax's performance guide recommends for
 small models, where nnx.jit's per-call graph traversal would cost more than the step itself. The optimizer
 sees the parameters only; the running statistics come out of each step's training-mode forward.
+A frozen parameter (rosetta_common.weights.FROZEN) gets a zero update from the optimizer itself (make_optimizer),
+so single-process and data-parallel training, which both take make_optimizer's transform, leave it as loaded.
 """
 
 from __future__ import annotations
@@ -25,10 +27,11 @@ from rosetta_common.data import Dataset
 from rosetta_common.interface import TrainResult
 from rosetta_common.optim import adam_bias_corrections
 from rosetta_common.seeding import seed_everything
-from rosetta_common.spec import AdamSpec, SGDSpec
+from rosetta_common.spec import AdamSpec, ModelConfig, SGDSpec
 from rosetta_common.training import OptimizerSpec, TrainPlan, dropout_masks
-from rosetta_common.weights import Weights
-from rosetta_jax.models import Model, apply, training_view
+from rosetta_common.weights import Weights, canonical_shapes, is_frozen
+from rosetta_jax.models import Model, apply, jax_ids, training_view
+from rosetta_jax.weights import native_name
 
 
 def configure(seed: int) -> None:
@@ -96,10 +99,34 @@ def optax_transform(optimizer: OptimizerSpec, num_steps: int) -> optax.GradientT
     raise TypeError(f"optimizer = {optimizer!r}: unknown optimizer spec; allowed: AdamSpec, SGDSpec")
 
 
+TRAINED, FROZEN = "trained", "frozen"  # make_optimizer's parameter labels (optax.partition's groups)
+
+
+def frozen_paths(config: ModelConfig) -> frozenset[str]:
+    """The NNX paths ("block.attn.key.bias") of the model's frozen parameters (rosetta_common.weights.FROZEN)."""
+    return frozenset(native_name(name) for name in canonical_shapes(config) if is_frozen(name))
+
+
 def make_optimizer(model: Model, optimizer: OptimizerSpec, num_steps: int) -> optax.GradientTransformation:
-    """The contract's optimizer for `model`: optax_transform(optimizer, num_steps)."""
-    del model  # an optax transform is a pure function of whatever parameter tree it is given: nothing to bind
-    return optax_transform(optimizer, num_steps)
+    """The contract's optimizer for `model`: optax_transform(optimizer, num_steps) on the parameters, and for a
+    model with frozen parameters (the text model's key bias) optax.set_to_zero on those: their update is exactly
+    zero, so adding it leaves them bit for bit as loaded (their gradient is rounding noise around a true zero,
+    which Adam's normalization would turn into steps of up to the learning rate). Zeroing the update rather than
+    the gradient holds for any optimizer formula, and the frozen leaves get no optimizer state at all. A model
+    without frozen parameters (the image models) gets optax_transform itself, its state and steps unchanged."""
+    transform = optax_transform(optimizer, num_steps)
+    frozen = frozen_paths(model.config)
+    if not frozen:
+        return transform
+
+    def labels(params: nnx.State) -> nnx.State:
+        # One label per nnx.Variable, by its path in the parameter State (a prefix of the array leaves, which
+        # optax.partition accepts): the step's parameters are nnx.split's State of the training view.
+        return jax.tree_util.tree_map_with_path(
+            lambda path, _: FROZEN if jax.tree_util.keystr(path, simple=True, separator=".") in frozen else TRAINED,
+            params, is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+    return optax.partition({TRAINED: transform, FROZEN: optax.set_to_zero()}, labels)
 
 
 def apply_optimizer(optimizer: OptimizerSpec, params: Weights, grads: Sequence[Weights]) -> list[Weights]:
@@ -147,6 +174,13 @@ def make_train_step(graphdef: nnx.GraphDef[Any], tx: optax.GradientTransformatio
     return train_step
 
 
+def training_inputs(config: ModelConfig, data: Dataset) -> np.ndarray:
+    """The training inputs as the steps take them, checked first (one InputError line before any step): images
+    as they are, int64 token ids as JAX's int32 (models.jax_ids), converted once for the whole set."""
+    inputs = config.input.check(data.train_inputs, "train inputs")
+    return jax_ids(inputs) if config.input.kind == "tokens" else inputs
+
+
 TrainState = tuple[nnx.State, nnx.State, optax.OptState]  # parameters, BatchNorm statistics, optimizer state
 
 
@@ -162,12 +196,13 @@ def train(model: Model, plan: TrainPlan, data: Dataset) -> TrainResult:
     opt_state = tx.init(params)
     train_step = make_train_step(graphdef, tx)
     masks = dropout_masks(plan, config)  # None for a model without dropout; else row s is step s's mask
+    inputs = training_inputs(config, data)
 
     def step(state: TrainState, idx: np.ndarray, s: int) -> tuple[TrainState, jax.Array]:
         # The numpy row, as the images are: the jitted call moves it with them. Indexing a device array here
         # would be an eager op of its own every step (about 0.1 ms, measured).
         mask = None if masks is None else masks[s]
-        *state, loss = train_step(*state, data.train_inputs[idx], data.train_labels[idx], mask)
+        *state, loss = train_step(*state, inputs[idx], data.train_labels[idx], mask)
         return tuple(state), loss
 
     def read(losses: list[jax.Array]) -> list[float]:

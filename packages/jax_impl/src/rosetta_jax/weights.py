@@ -20,6 +20,11 @@ and how each framework convention is reconciled with the spec's (rosetta_common.
 - GRU: the cell (models.GRUCell) holds `dense_i.kernel`/`dense_i.bias` (input side, b_ir b_iz b_in) and
   `dense_h.kernel`/`dense_h.bias` (hidden side, b_hr b_hz b_hn), gates r, z, n: canonical `gru.kernel`,
   `gru.input_bias`, `gru.recurrent_kernel`, `gru.recurrent_bias`. Stock nnx.GRUCell has no `dense_h.bias`.
+- text_transformer: nnx.Embed's `embedding` (vocabulary, embed) is canonical `embed.embedding` as it is (Flax has
+  no padding row option: row PAD_ID is whatever the canonical weights hold, zero at init). nnx.MultiHeadAttention
+  keeps its projections per head (nnx.LinearGeneral): query/key/value kernel (embed, heads, head_dim) and bias
+  (heads, head_dim), out kernel (heads, head_dim, embed) and bias (embed,). Canonical head h is columns
+  h*head_dim:(h+1)*head_dim (rows of the out kernel), so each is a row-major reshape (PER_HEAD), no permutation.
 - Gate order: Flax's (FLAX_GATES) equals the canonical one (CANONICAL_GATES) for both cells, so the gate
   blocks are reordered by the identity permutation; it is written out so that a wrong order is one
   constant away and the package's tests can plant it.
@@ -66,6 +71,22 @@ def native_name(name: str) -> str:
     return f"{prefix}.{BATCHNORM_STATISTICS[leaf]}" if leaf in BATCHNORM_STATISTICS else name
 
 
+# text_transformer's attention tensors, canonical name -> Flax's shape as a function of (embed, heads, head_dim).
+PER_HEAD = {
+    **{f"block.attn.{p}.kernel": lambda e, h, d: (e, h, d) for p in ("query", "key", "value")},
+    **{f"block.attn.{p}.bias": lambda e, h, d: (h, d) for p in ("query", "key", "value")},
+    "block.attn.out.kernel": lambda e, h, d: (h, d, e),
+}
+
+
+def native_shape(config: ModelConfig, name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape Flax keeps canonical `name` (of canonical `shape`) in."""
+    if config.arch != "text_transformer" or name not in PER_HEAD:
+        return shape
+    a = config.settings
+    return PER_HEAD[name](a.embed_dim, a.num_heads, a.head_dim)
+
+
 def _reorder(value: np.ndarray, source: tuple[str, ...], target: tuple[str, ...]) -> np.ndarray:
     """Gate blocks along the last axis from `source` order to `target` order (a copy, exact)."""
     blocks = dict(zip(source, np.split(value, len(source), axis=-1), strict=True))
@@ -81,11 +102,11 @@ def _gates(name: str) -> str | None:
 def to_native(config: ModelConfig, weights: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Canonical weights -> {NNX path: array in Flax's layout}."""
     native = {}
-    for name in canonical_shapes(config):
+    for name, shape in canonical_shapes(config).items():
         value = np.asarray(weights[name])
         if (layer := _gates(name)) is not None:
             value = _reorder(value, CANONICAL_GATES[layer], FLAX_GATES[layer])
-        native[native_name(name)] = value
+        native[native_name(name)] = value.reshape(native_shape(config, name, shape))
     return native
 
 
@@ -94,12 +115,14 @@ def from_native(config: ModelConfig, native: Mapping[str, Any]) -> Weights:
     missing is left out and one that is not the model's is kept under its own name, so that check_weights
     names either."""
     weights: Weights = {}
-    for name in canonical_shapes(config):
+    for name, shape in canonical_shapes(config).items():
         if native_name(name) not in native:
             continue
         value = np.array(native[native_name(name)], dtype=np.float32)
         if (layer := _gates(name)) is not None:
             value = _reorder(value, FLAX_GATES[layer], CANONICAL_GATES[layer])
+        if value.shape == native_shape(config, name, shape):  # any other shape is kept for check_weights to name
+            value = value.reshape(shape)
         weights[name] = value
     known = {native_name(name) for name in canonical_shapes(config)}
     return {**weights, **{path: np.asarray(v) for path, v in native.items() if path not in known}}
