@@ -24,7 +24,7 @@ from rosetta_common.interface import architectures
 from rosetta_common.metrics import inference_mode_problems
 from rosetta_common.onnx_conventions import INPUT_NAME, OPSETS, OUTPUT_NAME
 from rosetta_common.spec import ModelConfig, Spec
-from rosetta_common.testing import asymmetric_weights, small_config
+from rosetta_common.testing import asymmetric_weights, random_inputs, small_config
 from rosetta_tf.export import CONFIG_FILE, KERAS_FILE, SAVED_MODEL_DIR, load_keras, load_native
 
 NON_SQUARE = (6, 10)
@@ -175,7 +175,7 @@ def test_normalized_export_loads_safely_and_predicts_identically(arch: str,
                                                                  fresh_exports: tuple[Path, Path]) -> None:
     config = small_config(arch, NON_SQUARE)
     model = rosetta_tf.build(config, asymmetric_weights(config, 0))
-    images = np.random.default_rng(1).random((5, *NON_SQUARE), dtype=np.float32)
+    images = random_inputs(config, 5, 1)  # images, or padded token ids
     expected = rosetta_tf.predict(model, images)
     out = fresh_exports[0] / arch
     raw = keras.models.load_model(out / KERAS_FILE, safe_mode=True, compile=False)  # without our wrapper

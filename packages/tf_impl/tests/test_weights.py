@@ -14,7 +14,7 @@ from rosetta_common.metrics import max_abs_diff
 from rosetta_common.reference import forward
 from rosetta_common.spec import Spec
 from rosetta_common.testing import asymmetric_weights, small_config
-from rosetta_common.weights import is_statistic
+from rosetta_common.weights import is_frozen, is_statistic
 from rosetta_tf import weights as tf_weights
 from rosetta_tf.weights import bindings
 
@@ -29,13 +29,16 @@ def test_every_variable_is_canonical(arch: str) -> None:
     bound = bindings(model)
     places = [(id(b.variable), b.row) for b in bound.values()]
     assert len(set(places)) == len(places)  # no variable (or row of one) mapped twice
-    trainable = {id(b.variable) for name, b in bound.items() if not is_statistic(name)}
+    trainable = {id(b.variable) for name, b in bound.items() if not is_statistic(name) and not is_frozen(name)}
     statistics = {id(b.variable) for name, b in bound.items() if is_statistic(name)}
+    frozen = {id(b.variable) for name, b in bound.items() if is_frozen(name)}
     assert {id(v) for v in model.trainable_variables} == trainable
-    # The non-trainable ones are BatchNorm's running statistics, and the seed-generator state of the layers that
-    # can drop units (Dropout, the LSTM and GRU cells; none draws here): no weight.
+    # The non-trainable ones are BatchNorm's running statistics, the frozen parameters (the text model's key bias:
+    # rosetta_common.weights.FROZEN), and the seed-generator state of the layers that can drop units (Dropout, the
+    # LSTM and GRU cells; none draws here): no weight.
     seeds = {id(v) for v in model.non_trainable_variables if "seed_generator" in v.path}
-    assert {id(v) for v in model.non_trainable_variables} == statistics | seeds
+    assert {id(v) for v in model.non_trainable_variables} == statistics | frozen | seeds
+    assert len(frozen) == (1 if arch == "text_transformer" else 0)
     assert len(seeds) == (1 if arch in ("resnet", "lstm", "gru") else 0)
 
 

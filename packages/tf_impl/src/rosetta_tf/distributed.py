@@ -42,7 +42,7 @@ from rosetta_common.spec import ModelConfig
 from rosetta_common.training import TrainPlan, dropout_masks
 from rosetta_common.weights import Weights
 from rosetta_tf.models import build, training_view
-from rosetta_tf.train import make_loss, make_optimizer, plan_batches, train_result
+from rosetta_tf.train import check_inputs, make_loss, make_optimizer, plan_batches, train_result
 from rosetta_tf.weights import to_canonical
 
 ENGINE = "tf.distribute.MultiWorkerMirroredStrategy, gRPC ring all-reduce"
@@ -154,6 +154,7 @@ def train_data_parallel(config: ModelConfig, weights: Weights, plan: TrainPlan, 
     strategy = _strategy(cluster)
     if plan.arch != config.arch:
         raise ValueError(f"plan.arch = {plan.arch!r}: the model is a {config.arch} model; allowed: {config.arch!r}")
+    check_inputs(config, data)
     masks = dropout_masks(plan, config)  # None for a model without dropout
     with strategy.scope():  # mirrored variables (their initial values broadcast from rank 0), then the weights
         model = build(config, weights)

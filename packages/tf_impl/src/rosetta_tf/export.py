@@ -19,7 +19,7 @@ from rosetta_common.interface import Predict
 from rosetta_common.io import atomic_path, write_json
 from rosetta_common.onnx_conventions import OPSETS, OUTPUT_NAME, canonical_names, conform
 from rosetta_common.spec import ModelConfig
-from rosetta_tf.models import attach_config, image_spec, model_config, predict
+from rosetta_tf.models import attach_config, image_spec, model_config, model_input, predict, tokens_spec
 
 KERAS_FILE, SAVED_MODEL_DIR, CONFIG_FILE = "model.keras", "saved_model", "config.json"
 
@@ -107,8 +107,12 @@ def _save_saved_model(model: keras.Model, path: Path) -> None:
     other files are kept, and TF reads the uuid only for its load metrics."""
     root = tf.Module()
     root.model_variables = list(model.variables)
-    root.serve = tf.function(lambda images: model(images, training=False),
-                             input_signature=[image_spec(model)], autograph=False)
+    if model_config(model).input.kind == "tokens":  # int64 (batch, length), both dynamic; the argument "tokens"
+        root.serve = tf.function(lambda tokens: model(tokens, training=False),
+                                 input_signature=[tokens_spec()], autograph=False)
+    else:
+        root.serve = tf.function(lambda images: model(images, training=False),
+                                 input_signature=[image_spec(model)], autograph=False)
     serve = root.serve.get_concrete_function()
     with atomic_path(path) as staged:
         # "serving_default" as well, as model.export does: TF-Serving looks for that key.
@@ -145,8 +149,10 @@ def load_keras(out_dir: Path) -> keras.Model:
         model = keras.models.load_model(path, safe_mode=True, compile=False)
     except Exception as error:  # Keras raises ValueError, OSError, zipfile errors, ... for damaged files
         raise ArtifactError(f"{path}: cannot be loaded safely ({one_line(str(error))})") from None
-    if tuple(model.input_shape[1:]) != config.image_shape:
-        raise ArtifactError(f"{path}: input shape {model.input_shape[1:]}, {CONFIG_FILE} says {config.image_shape}")
+    # Per example: (height, width), or a token model's dynamic length (None,).
+    expected = (None,) if config.input.kind == "tokens" else config.image_shape
+    if tuple(model.input_shape[1:]) != expected:
+        raise ArtifactError(f"{path}: input shape {model.input_shape[1:]}, {CONFIG_FILE} says {expected}")
     return attach_config(model, config)
 
 
@@ -166,20 +172,25 @@ def load_native(out_dir: Path) -> dict[str, Predict]:
     def predict_keras(images: np.ndarray) -> np.ndarray:
         return predict(keras_model, images)
 
+    config = model_config(keras_model)
+
     def predict_saved_model(images: np.ndarray) -> np.ndarray:
-        return np.asarray(saved.serve(tf.constant(np.asarray(images, np.float32))), dtype=np.float32)
+        # Checked as predict checks (a graph would fail on a bad id far less clearly, or not at all on a GPU).
+        return np.asarray(saved.serve(model_input(config, images, f"{saved_path}")), dtype=np.float32)
 
     return {"keras": predict_keras, "saved_model": predict_saved_model}
 
 
 def export_onnx(model: keras.Model, path: Path, example: np.ndarray) -> None:
     """tf2onnx.convert.from_function on a tf.function of the model (from_keras fails on Keras 3 models),
-    at the opset pinned for tf; the TensorSpec names the input, the dict output names the output, and
-    conform() names the batch dimension on both (tf2onnx leaves the output's unnamed). ExportError on failure."""
+    at the opset pinned for tf; the TensorSpec names the input ("images", or "tokens" int64 for a token model),
+    the dict output names the output, and conform() names the batch dimension on both (tf2onnx leaves the output's
+    unnamed), and a token input's length dimension. ExportError on failure."""
     import onnx
     import tf2onnx  # imported here: it is slow to import and only this function needs it
 
-    signature = [image_spec(model)]
+    tokens = model_config(model).input.kind == "tokens"
+    signature = [tokens_spec() if tokens else image_spec(model)]  # tokens: int64, dynamic batch and length
 
     @tf.function(input_signature=signature)
     def serve(images: Any) -> dict[str, Any]:

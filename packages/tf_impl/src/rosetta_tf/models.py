@@ -1,4 +1,4 @@
-"""The six architectures as Keras 3 functional models (see rosetta_common.reference for their meaning), and
+"""The seven architectures as Keras 3 functional models (see rosetta_common.reference for their meaning), and
 the contract's build(), predict(), model_config() and forward_train().
 
 Every layer is named after its canonical parameter prefix ("hidden", "conv1", "block", ...; dots become
@@ -6,6 +6,8 @@ underscores: "block.shortcut.conv" is the layer "block_shortcut_conv"), so weigh
 The attention block is written with keras.ops (not keras.layers.MultiHeadAttention, whose per-head kernels
 and all-or-nothing bias do not map one to one). resnet, lstm and gru are Keras' own layers (Conv2D,
 BatchNormalization, Dropout, LSTM, GRU); weights.py documents how their conventions map to the canonical ones.
+The text model (text_transformer) is the opposite exercise: Keras' own Embedding and MultiHeadAttention, every
+layer at the top level of one functional graph (its taps are those layers' outputs); see text_transformer below.
 Each model carries the validated ModelConfig it was built from (`model_config`): Keras' own model config
 knows layers, not the spec, so export.py stores it beside model.keras and puts it back on reload.
 """
@@ -21,10 +23,20 @@ import numpy as np
 import tensorflow as tf
 from keras import layers, ops
 
-from rosetta_common.onnx_conventions import INPUT_NAME
-from rosetta_common.spec import AttentionSpec, CNNSpec, GRUSpec, LSTMSpec, MLPSpec, ModelConfig, ResNetSpec
+from rosetta_common.inputs import PAD_ID
+from rosetta_common.onnx_conventions import INPUT_NAME, TOKENS_NAME
+from rosetta_common.spec import (
+    AttentionSpec,
+    CNNSpec,
+    GRUSpec,
+    LSTMSpec,
+    MLPSpec,
+    ModelConfig,
+    ResNetSpec,
+    TextTransformerSpec,
+)
 from rosetta_common.training import dropout_features
-from rosetta_common.weights import Weights
+from rosetta_common.weights import Weights, is_frozen
 from rosetta_tf import weights as _weights
 
 PACKAGE = "rosetta_tf"  # registration namespace: load_model(safe_mode=True) finds our layers by it
@@ -222,6 +234,118 @@ def gru(settings: GRUSpec, image_shape: tuple[int, int], num_classes: int) -> ke
     return keras.Model(inputs, layers.Dense(num_classes, name="head")(x), name="gru")
 
 
+# The text model. Every mask is True = a real token / attend, Keras' polarity (torch's key_padding_mask is the
+# negation). Each convention is one module-level function, looked up when the graph is traced, so that a test can
+# plant the mistake it guards against (tests/test_text.py; the conformance suite plants the rest).
+
+
+def padding_mask(tokens: Any) -> Any:
+    """(B, T) bool, True where a position holds a real token (rosetta_common.inputs.padding_mask's polarity)."""
+    return ops.not_equal(tokens, PAD_ID)
+
+
+def attention_mask(mask: Any) -> Any:
+    """MultiHeadAttention's attention_mask for a padding mask: (B, 1, T), broadcast over the queries, True = attend:
+    query i may read key j iff j is a real token. Only the key side is masked: a padded position is still computed
+    as a query (mask & mask.T would leave its row with no key at all)."""
+    return ops.expand_dims(mask, 1)
+
+
+def masked_mean(x: Any, mask: Any) -> Any:
+    """The mean over the real tokens of each row, (B, T, E) -> (B, E): padded positions are left out."""
+    weights = ops.expand_dims(ops.cast(mask, x.dtype), -1)
+    return ops.sum(x * weights, axis=1) / ops.sum(weights, axis=1)
+
+
+def text_layer_norm(settings: TextTransformerSpec, name: str) -> layers.LayerNormalization:
+    """Keras' LayerNormalization with the spec's epsilon (1e-5): Keras' default is 1e-3, torch's and Flax's 1e-5 and
+    1e-6. Keras normalizes with the biased variance, the spec's, so nothing else needs converting."""
+    return layers.LayerNormalization(epsilon=settings.layer_norm_eps, name=name)
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class PaddingMask(layers.Layer):
+    """Token ids -> padding_mask(tokens), a layer of its own (a Lambda would not load in safe_mode)."""
+
+    def call(self, tokens: Any) -> Any:
+        return padding_mask(tokens)
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class AttentionMask(layers.Layer):
+    """A padding mask -> attention_mask(mask), MultiHeadAttention's argument."""
+
+    def call(self, mask: Any) -> Any:
+        return attention_mask(mask)
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class PositionTable(layers.Layer):
+    """Adds learned positions to the token embeddings: a (max_length, embed_dim) table of which a batch of length T
+    adds rows 0..T-1 (T is dynamic: one graph, one SavedModel and one model.onnx serve every length)."""
+
+    def __init__(self, max_length: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.max_length = max_length
+
+    def build(self, input_shape: tuple[int | None, ...]) -> None:
+        self.pos_embedding = self.add_weight(shape=(self.max_length, input_shape[-1]), initializer="zeros",
+                                             name="pos_embedding")
+
+    def call(self, x: Any) -> Any:
+        return x + self.pos_embedding[: ops.shape(x)[1]]
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "max_length": self.max_length}
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class ExactGelu(layers.Layer):
+    """gelu_exact as a layer (its output is the block.mlp.gelu tap)."""
+
+    def call(self, x: Any) -> Any:
+        return gelu_exact(x)
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class MaskedMean(layers.Layer):
+    """(features (B, T, E), padding mask (B, T)) -> masked_mean: the mean over the real tokens."""
+
+    def call(self, x: Any, mask: Any) -> Any:
+        return masked_mean(x, mask)
+
+
+TEXT_POOL = "pool"  # the text model's pooling layer (its output is the `pool` tap, the head's input)
+
+
+def text_transformer(settings: TextTransformerSpec, vocab_size: int, max_length: int,
+                     num_classes: int) -> keras.Model:
+    """Token ids (B, T) int64, 1 <= T <= max_length, PAD_ID padding -> logits. Keras' own layers throughout:
+    - Embedding(vocab_size, embed_dim) without mask_zero: the mask is explicit (PaddingMask), never Keras' implicit
+      one, which MultiHeadAttention would apply to the queries as well (masking padded query rows completely) and
+      GlobalAveragePooling1D would silently use. Row PAD_ID is an ordinary row (the canonical init's zero is loaded
+      like any value; it never reaches the logits, so it gets no gradient);
+    - MultiHeadAttention(num_heads, key_dim=head_dim, use_bias=True) called with attention_mask (B, 1, T), True =
+      attend. Its per-head kernels are the canonical ones reshaped (weights.py);
+    - LayerNormalization with the spec's epsilon, Dense, exact GELU, and the mean over real tokens (MaskedMean).
+    Layer names are the canonical prefixes (dots as underscores), so weights.py and taps.py map names one to one."""
+    s = settings
+    tokens = keras.Input(shape=(None,), dtype="int64", name=TOKENS_NAME)
+    mask = PaddingMask(name="padding_mask")(tokens)
+    embedded = layers.Embedding(vocab_size, s.embed_dim, mask_zero=False, name="embed")(tokens)
+    h = PositionTable(max_length, name="pos_embedding")(embedded)
+    n = text_layer_norm(s, "block_norm1")(h)
+    attn = layers.MultiHeadAttention(s.num_heads, key_dim=s.head_dim, use_bias=True, name="block_attn")
+    a = attn(n, n, attention_mask=AttentionMask(name="attention_mask")(mask))
+    h = layers.Add(name="block_attn_residual")([h, a])
+    f = layers.Dense(s.mlp_dim, name="block_mlp_fc1")(text_layer_norm(s, "block_norm2")(h))
+    f = layers.Dense(s.embed_dim, name="block_mlp_fc2")(ExactGelu(name="block_mlp_gelu")(f))
+    h = layers.Add(name="block_mlp_residual")([h, f])
+    z = text_layer_norm(s, "final_norm")(h)
+    pooled = MaskedMean(name=TEXT_POOL)(z, mask)
+    return keras.Model(tokens, layers.Dense(num_classes, name="head")(pooled), name="text_transformer")
+
+
 BUILDERS = {"mlp": mlp, "cnn": cnn, "attention": attention, "resnet": resnet, "lstm": lstm, "gru": gru}
 CONFIG_ATTR = _weights.CONFIG_ATTR  # the attribute a model keeps its ModelConfig under
 
@@ -232,8 +356,22 @@ def attach_config(model: keras.Model, config: ModelConfig) -> keras.Model:
     return model
 
 
+def freeze(model: keras.Model) -> keras.Model:
+    """Mark the model's frozen parameters (rosetta_common.weights.FROZEN: the text model's key bias, which the
+    softmax cancels, so that its gradient is rounding noise alone) not trainable: Keras' trainable_variables, and so
+    fit's gradients, every optimizer and the data-parallel step, leave them out, and they stay as loaded, bit for
+    bit. (A flag of the Keras variable, not saved in model.keras: only a model build() makes is ever trained.)"""
+    for name, binding in _weights.bindings(model).items():
+        if is_frozen(name):
+            binding.variable.trainable = False
+    return model
+
+
 def create(config: ModelConfig) -> keras.Model:
     """The Keras model of `config`, with Keras' initial weights (build() replaces them)."""
+    if config.input.kind == "tokens":
+        model = text_transformer(config.settings, int(config.vocab_size), int(config.max_length), config.num_classes)
+        return freeze(attach_config(model, config))
     builder = BUILDERS[config.arch]  # ModelConfig admits only these architectures
     return attach_config(builder(config.settings, config.image_shape, config.num_classes), config)
 
@@ -263,6 +401,27 @@ def image_spec(model: keras.Model) -> tf.TensorSpec:
     return tf.TensorSpec([None, height, width], tf.float32, name=INPUT_NAME)
 
 
+def tokens_spec() -> tf.TensorSpec:
+    """Token ids int64 (batch, length), both dynamic: the one signature of a token model's predict and exports."""
+    return tf.TensorSpec([None, None], tf.int64, name=TOKENS_NAME)
+
+
+def input_spec(model: keras.Model) -> tf.TensorSpec:
+    """The model's input signature: image_spec for an image model, tokens_spec for a token model."""
+    return tokens_spec() if model_config(model).input.kind == "tokens" else image_spec(model)
+
+
+def model_input(config: ModelConfig, x: Any, where: str) -> tf.Tensor:
+    """What the model reads, as a tensor. Token ids are checked (rosetta_common.inputs: a one-line InputError for a
+    wrong dtype or shape, an id outside the vocabulary, a sequence longer than max_length, a row of padding alone):
+    Keras would cast a wrong dtype silently, and a bad id fails far less clearly in a graph, or not at all on a GPU.
+    Images are cast to float32 as they always were (as rosetta_torch's as_input does), so the image models' predict,
+    taps and SavedModel calls take exactly what they took before the text model."""
+    if config.input.kind == "images":
+        return tf.constant(np.asarray(x, np.float32))
+    return tf.constant(config.input.check(x, where))
+
+
 # One traced forward per model. A graph (not an eager call), so predict gets the same graph rewrites as
 # the SavedModel's serve endpoint; a dynamic-batch signature, so no batch size retraces (Keras'
 # predict_on_batch retraces for each new size, and model.predict splits into batches of 32).
@@ -271,14 +430,20 @@ _FORWARDS: weakref.WeakKeyDictionary[keras.Model, Any] = weakref.WeakKeyDictiona
 
 def _forward(model: keras.Model) -> Any:
     if model not in _FORWARDS:
-        _FORWARDS[model] = tf.function(lambda images: model(images, training=False),
-                                       input_signature=[image_spec(model)])
+        if model_config(model).input.kind == "tokens":  # dynamic length too: no sequence length retraces
+            _FORWARDS[model] = tf.function(lambda tokens: model(tokens, training=False),
+                                           input_signature=[tokens_spec()])
+        else:
+            _FORWARDS[model] = tf.function(lambda images: model(images, training=False),
+                                           input_signature=[image_spec(model)])
     return _FORWARDS[model]
 
 
 def predict(model: keras.Model, images: np.ndarray) -> np.ndarray:
-    """Logits (batch, classes) float32 for float32 images (batch, height, width)."""
-    return np.asarray(_forward(model)(tf.convert_to_tensor(np.asarray(images, np.float32))), dtype=np.float32)
+    """Logits (batch, classes) float32 for float32 images (batch, height, width), or for a token model int64 token
+    ids (batch, length), 1 <= length <= max_length; checked first (model_input: one InputError line)."""
+    x = model_input(model_config(model), images, "predict")
+    return np.asarray(_forward(model)(x), dtype=np.float32)
 
 
 # The model fit trains and forward_train runs, per inference model (see training_view).
@@ -319,7 +484,7 @@ def forward_train(model: keras.Model, images: np.ndarray, dropout_mask: np.ndarr
     features) multiplies the pooled features (None: no dropout). Keras keeps no mode, so the model is in
     inference mode again right after (predict calls it with training=False)."""
     config = model_config(model)
-    images = np.asarray(images, np.float32)
+    x = model_input(config, images, "forward_train")
     features = dropout_features(config)
     if features is None:
         if dropout_mask is not None:
@@ -327,7 +492,7 @@ def forward_train(model: keras.Model, images: np.ndarray, dropout_mask: np.ndarr
                              "dropout; allowed: None")
         mask = None
     else:
-        expected = (len(images), features)
+        expected = (int(x.shape[0]), features)
         mask = np.ones(expected, np.float32) if dropout_mask is None else np.asarray(dropout_mask, np.float32)
         if mask.shape != expected:
             raise ValueError(f"dropout_mask shape = {mask.shape}: allowed: {expected} (batch, pooled features)")
@@ -335,12 +500,12 @@ def forward_train(model: keras.Model, images: np.ndarray, dropout_mask: np.ndarr
         trainer = training_view(model)
         if mask is None:
             _TRAIN_FORWARDS[model] = tf.function(lambda x: trainer(x, training=True),
-                                                 input_signature=[image_spec(model)])
+                                                 input_signature=[input_spec(model)])
         else:
             mask_spec = tf.TensorSpec([None, features], tf.float32, name=MASK_INPUT)
             _TRAIN_FORWARDS[model] = tf.function(
                 lambda x, m: trainer({INPUT_NAME: x, MASK_INPUT: m}, training=True),
                 input_signature=[image_spec(model), mask_spec])
     run = _TRAIN_FORWARDS[model]
-    logits = run(tf.constant(images)) if mask is None else run(tf.constant(images), tf.constant(mask))
+    logits = run(x) if mask is None else run(x, tf.constant(mask))
     return np.asarray(logits, dtype=np.float32)

@@ -12,6 +12,11 @@ Keras' own mechanism, a functional model over the layers' outputs, converted to 
   attn, norm2, fc1, fc2) and models.gelu_exact applied in turn to the block's input, and the attention weights
   SelfAttention.attention_weights of the split q and k, the method its call uses (a wrong scale shows there);
   a mistake in EncoderBlock.call's or SelfAttention.call's own glue shows at `block` or `block.attn.out`.
+- The text model is Keras' own layers at the top level of its graph, so every tap is a layer's output (its
+  pooled features are the MaskedMean layer's), except the attention weights, which Keras' MultiHeadAttention
+  returns only when asked: its own layer, called on its own inputs (the block_norm1 and attention_mask outputs)
+  with return_attention_scores=True. (Asked, it takes its einsum path instead of the fused dot_product_attention
+  predict runs: the same weights to float32 rounding; a wrong mask shows in both, and in block.attn.out.)
 - Keras' LSTM and GRU return the last step only (return_sequences=False, kept: the exports are unchanged), so
   the per-step states come from stepping the layer's own cell (layer.cell) over the rows.
 Nothing in the model changes: the reading model shares the layers and variables, and model.keras, the
@@ -34,7 +39,9 @@ from rosetta_tf.models import model_config
 
 # Tap -> where the Keras model holds it: (layer name, "output" | "input"); "pre": the layer's output without its
 # fused activation; "block": inside the attention block (the block's sublayers, applied to its input);
-# "stepped": the recurrent layer's cell, stepped.
+# "stepped": the recurrent layer's cell, stepped; "scores": the attention layer's weights, asked of it (_scores).
+# The inputs of the text model's attention layer, read for "scores".
+_ATTENTION_INPUTS = (("block_norm1", "output"), ("attention_mask", "output"))
 _RESNET = ["stem.conv", "stem.bn", "stem.relu", "block.shortcut.conv", "block.shortcut.bn", "block.conv1",
            "block.bn1", "block.relu1", "block.conv2", "block.bn2"]
 SOURCES: dict[str, dict[str, tuple[str, str]]] = {
@@ -51,6 +58,14 @@ SOURCES: dict[str, dict[str, tuple[str, str]]] = {
     },
     "resnet": {**{name: (name.replace(".", "_"), "output") for name in _RESNET},
                "block": ("block_relu", "output"), "pool": (models.POOLED, "output"), "logits": ("head", "output")},
+    "text_transformer": {
+        "embed": ("pos_embedding", "output"), "block.norm1": ("block_norm1", "output"),
+        "block.attn.weights": ("block_attn", "scores"), "block.attn.out": ("block_attn", "output"),
+        "block.norm2": ("block_norm2", "output"), "block.mlp.fc1": ("block_mlp_fc1", "output"),
+        "block.mlp.gelu": ("block_mlp_gelu", "output"), "block.mlp.fc2": ("block_mlp_fc2", "output"),
+        "block": ("block_mlp_residual", "output"), "final_norm": ("final_norm", "output"),
+        "pool": (models.TEXT_POOL, "output"), "logits": ("head", "output"),
+    },
     "lstm": {"lstm.cell": ("lstm", "stepped"), "lstm.hidden": ("lstm", "stepped"), "logits": ("head", "output")},
     "gru": {"gru.hidden": ("gru", "stepped"), "logits": ("head", "output")},
 }
@@ -79,6 +94,13 @@ def _inside_block(block: layers.Layer, x: Any) -> dict[str, Any]:
     return t
 
 
+def _scores(layer: layers.MultiHeadAttention, read: dict[tuple[str, str], Any]) -> Any:
+    """The attention weights (B, heads, T, T) of Keras' MultiHeadAttention on the inputs the model gave it."""
+    n, mask = (read[node] for node in _ATTENTION_INPUTS)
+    _, weights = layer(n, n, attention_mask=mask, return_attention_scores=True, training=False)
+    return weights
+
+
 def _stepped(layer: layers.Layer, x: Any) -> dict[str, Any]:
     """The recurrent layer's hidden (and LSTM cell) state after every step, (B, T, hidden), from its own cell."""
     zeros = tf.zeros((x.shape[0], layer.units), x.dtype)
@@ -96,12 +118,16 @@ def _stepped(layer: layers.Layer, x: Any) -> dict[str, Any]:
 
 def forward_with_taps(model: keras.Model, images: np.ndarray) -> dict[str, np.ndarray]:
     """Every tap of rosetta_common.taps in the canonical names, order, shapes and layouts, float32, from the
-    model's layers in inference mode (training=False; its `logits` are what predict returns)."""
+    model's layers in inference mode (training=False; its `logits` are what predict returns). `images`: what
+    the model reads, images or token ids, checked as predict checks them."""
     config: ModelConfig = model_config(model)
     sources = SOURCES[config.arch]
-    x = tf.constant(np.asarray(images, np.float32))
-    nodes = sorted({(name, "input" if kind in ("pre", "block") else kind) for name, kind in sources.values()
-                    if kind != "stepped"})
+    x = models.model_input(config, images, "forward_with_taps")
+    wanted = {(name, "input" if kind in ("pre", "block") else kind) for name, kind in sources.values()
+              if kind not in ("stepped", "scores")}
+    if any(kind == "scores" for _, kind in sources.values()):
+        wanted.update(_ATTENTION_INPUTS)
+    nodes = sorted(wanted)
     reader = keras.Model(model.inputs, [getattr(model.get_layer(name), kind) for name, kind in nodes])
     values = reader(x, training=False)
     values = values if isinstance(values, list | tuple) else [values]  # a one-output model returns a tensor
@@ -111,8 +137,11 @@ def forward_with_taps(model: keras.Model, images: np.ndarray) -> dict[str, np.nd
         found.update(_inside_block(model.get_layer("block"), read[("block", "input")]))
     if config.arch in ("lstm", "gru"):
         found.update(_stepped(model.get_layer(config.arch), x))
+    found.update({tap: _scores(model.get_layer(name), read) for tap, (name, kind) in sources.items()
+                  if kind == "scores"})
+    length = int(x.shape[1]) if config.input.kind == "tokens" else None
     out = {}
-    for tap in taps(config, len(images)):
+    for tap in taps(config, int(x.shape[0]), length):
         name, kind = sources[tap.name]
         if tap.name in found:
             value = found[tap.name]

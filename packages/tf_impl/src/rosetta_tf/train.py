@@ -30,7 +30,7 @@ from rosetta_common.errors import TrainingError
 from rosetta_common.interface import TrainResult
 from rosetta_common.onnx_conventions import INPUT_NAME
 from rosetta_common.seeding import seed_everything
-from rosetta_common.spec import AdamSpec, SGDSpec
+from rosetta_common.spec import AdamSpec, ModelConfig, SGDSpec
 from rosetta_common.training import OptimizerSpec, TrainPlan, dropout_masks
 from rosetta_common.weights import Weights
 from rosetta_tf.models import MASK_INPUT, PACKAGE, model_config, training_view
@@ -43,6 +43,14 @@ def configure(seed: int) -> None:
     tf.config.experimental.enable_op_determinism()
     # Full fp32 matmuls and convolutions on GPUs: TF32 would differ from the other frameworks by ~1e-3.
     tf.config.experimental.enable_tensor_float_32_execution(False)
+
+
+def dense(gradient: Any) -> Any:
+    """A gradient as one dense tensor. An Embedding's gradient is tf.IndexedSlices (the rows its batch gathered);
+    torch's nn.Embedding (sparse=False) and JAX give a dense one, zero in the rows not gathered, so their Adam and
+    SGD decay every row's momentum each step: densified, Keras' update is the same formula on every row, not only on
+    the gathered ones. Dense gradients (every image model's) pass unchanged."""
+    return tf.convert_to_tensor(gradient) if isinstance(gradient, tf.IndexedSlices) else gradient
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
@@ -73,7 +81,7 @@ class TorchAdam(keras.optimizers.Optimizer):
         bc2 = 1.0 - ops.power(ops.convert_to_tensor(self.beta_2, "float64"), step)
         step_size = ops.cast(self.lr64 / bc1, dtype)
         bc2_sqrt = ops.cast(ops.sqrt(bc2), dtype)
-        g = ops.cast(gradient, dtype)
+        g = ops.cast(dense(gradient), dtype)
         m = self._momentums[self._get_variable_index(variable)]
         v = self._velocities[self._get_variable_index(variable)]
         # torch: m.lerp_(g, 1 - b1), which for a weight < 0.5 is m + w * (g - m).
@@ -89,10 +97,20 @@ class TorchAdam(keras.optimizers.Optimizer):
                 "beta_2": self.beta_2, "epsilon": self.epsilon}
 
 
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class DenseSGD(keras.optimizers.SGD):
+    """Keras' SGD on dense gradients (`dense`): a token model's, whose Embedding gradient is IndexedSlices. The image
+    models keep keras.optimizers.SGD itself (their gradients are dense already; their trained exports unchanged)."""
+
+    def update_step(self, gradient: Any, variable: keras.Variable, learning_rate: Any) -> None:
+        super().update_step(dense(gradient), variable, learning_rate)
+
+
 def make_optimizer(model: keras.Model | None, optimizer: OptimizerSpec, num_steps: int) -> keras.optimizers.Optimizer:
     """The Keras optimizer computing rosetta_common.optim's formula for `optimizer` (one learning rate, as
-    TrainPlan resolves it). `model` and `num_steps` are part of the shared signature; Keras optimizers
-    create their slots on first use and the rate is constant, so neither is needed here."""
+    TrainPlan resolves it). `num_steps` is part of the shared signature; Keras optimizers create their slots
+    on first use and the rate is constant, so it is not needed here. `model` (None: an image model's) picks
+    DenseSGD for a token model."""
     if not isinstance(optimizer, AdamSpec | SGDSpec):
         raise TypeError(f"optimizer {type(optimizer).__name__}: unknown; allowed: AdamSpec, SGDSpec")
     if isinstance(optimizer.learning_rate, dict):
@@ -102,7 +120,9 @@ def make_optimizer(model: keras.Model | None, optimizer: OptimizerSpec, num_step
         return TorchAdam(optimizer.learning_rate, optimizer.beta1, optimizer.beta2, optimizer.epsilon)
     # SGD: Keras' v = m*v - lr*g; p += v is torch's b = m*b + g; p -= lr*b for a constant learning rate
     # (the conformance suite checks it against rosetta_common.optim.sgd_step).
-    return keras.optimizers.SGD(learning_rate=optimizer.learning_rate, momentum=optimizer.momentum)
+    tokens = model is not None and model_config(model).input.kind == "tokens"
+    sgd = DenseSGD if tokens else keras.optimizers.SGD
+    return sgd(learning_rate=optimizer.learning_rate, momentum=optimizer.momentum)
 
 
 def run_optimizer(optimizer: keras.optimizers.Optimizer, params: Weights, grads: Sequence[Weights]) -> list[Weights]:
@@ -170,6 +190,12 @@ class _Record(keras.callbacks.Callback):
         self.bar.close()
 
 
+def check_inputs(config: ModelConfig, data: Dataset) -> None:
+    """The training inputs are what the model reads (one InputError line otherwise): images for an image model,
+    int64 token ids for a token model. Fed the wrong kind, Keras would cast it silently (images to int64 ids)."""
+    config.input.check(data.train_inputs, f"the {config.arch} model's train_inputs")
+
+
 def plan_batches(plan: TrainPlan, data: Dataset, masks: np.ndarray | None = None,
                  rows: slice = slice(None)) -> tf.data.Dataset:
     """All epochs' batches, in the plan's order, as one tf.data stream; with `masks` (num_steps, batch,
@@ -180,7 +206,9 @@ def plan_batches(plan: TrainPlan, data: Dataset, masks: np.ndarray | None = None
     """
     if plan.num_samples != len(data.train_labels):
         raise ValueError(f"the plan is for {plan.num_samples} training samples, the data has {len(data.train_labels)}")
-    images, labels = tf.constant(data.train_inputs, tf.float32), tf.constant(data.train_labels, tf.int64)
+    # Images float32, token ids int64 (rosetta_common.data); the gathered batches are what the model's input takes.
+    dtype = tf.int64 if np.asarray(data.train_inputs).dtype.kind in "iu" else tf.float32
+    images, labels = tf.constant(data.train_inputs, dtype), tf.constant(data.train_labels, tf.int64)
     batches = plan.all_batches()[:, rows]
     if masks is None:
         ds = tf.data.Dataset.from_tensor_slices(batches)
@@ -200,6 +228,7 @@ def train(model: keras.Model, plan: TrainPlan, data: Dataset) -> TrainResult:
     config = model_config(model)
     if plan.arch != config.arch:
         raise ValueError(f"plan.arch = {plan.arch!r}: the model is a {config.arch} model; allowed: {config.arch!r}")
+    check_inputs(config, data)
     masks = dropout_masks(plan, config)  # None for a model without dropout
     trainer = training_view(model)
     # jit_compile=False: XLA fuses differently from the other frameworks' kernels (and Keras would

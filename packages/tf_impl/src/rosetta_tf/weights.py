@@ -17,6 +17,12 @@ most of the mapping is by name only: values are copied unchanged. LayerNorm's `s
 - GRU: Keras' gate blocks are z, r, h, the canonical ones r, z, n: kernel, recurrent kernel and both biases
   are permuted (GRU_GATES). With reset_after=True (torch's formula) Keras keeps the two biases in one (2, 3h)
   variable: row 0 is the input bias, row 1 the recurrent bias, the one inside r * (h U + b) (GRU_BIAS_ROWS).
+- text_transformer: Keras' Embedding keeps `embeddings` (vocab, embed), the canonical `embed.embedding` (row
+  PAD_ID included: Keras has no padding row, the canonical zero is loaded like any value). MultiHeadAttention
+  keeps per-head kernels: query/key/value `kernel` (embed, heads, head_dim) and `bias` (heads, head_dim), the
+  output projection `kernel` (heads, head_dim, embed) and `bias` (embed,). Canonical head h owns the columns (rows,
+  for the output kernel) h*head_dim:(h+1)*head_dim, which is exactly a row-major reshape (HEAD_SPLIT), so the
+  values map unchanged, reshaped.
 """
 
 from __future__ import annotations
@@ -37,6 +43,12 @@ LSTM_GATES = (0, 1, 2, 3)  # Keras i, f, c, o: the same order
 GRU_GATES = (1, 0, 2)  # Keras z, r, h = canonical z, r, n
 GRU_BIAS_ROWS = {"input_bias": 0, "recurrent_bias": 1}  # rows of Keras' (2, 3h) GRU bias (reset_after=True)
 BATCHNORM = {"scale": "gamma", "bias": "beta", "running_mean": "moving_mean", "running_var": "moving_variance"}
+LAYERNORM = {"scale": "gamma", "bias": "beta"}
+# Canonical projection -> MultiHeadAttention's EinsumDense sublayer.
+ATTENTION_PROJECTIONS = {"query": "query_dense", "key": "key_dense", "value": "value_dense", "out": "output_dense"}
+# How a canonical (in, out) projection splits into Keras' heads: "C", a row-major reshape, puts canonical column
+# h*head_dim + j at [h, j] (head-major: head h owns a contiguous block of columns, the canonical convention).
+HEAD_SPLIT = "C"
 
 
 @dataclass(frozen=True)
@@ -48,14 +60,19 @@ class Binding:
     variable: keras.Variable
     row: int | None = None
     gates: tuple[int, ...] | None = None
+    canonical_shape: tuple[int, ...] | None = None  # a per-head attention tensor: Keras holds it reshaped
 
     def to_keras(self, value: np.ndarray) -> np.ndarray:
+        if self.canonical_shape is not None:
+            return np.reshape(value, tuple(self.variable.shape), order=HEAD_SPLIT)
         if self.gates is None:
             return value
         blocks = np.split(value, len(self.gates), axis=-1)
         return np.concatenate([blocks[g] for g in self.gates], axis=-1)
 
     def from_keras(self, value: np.ndarray) -> np.ndarray:
+        if self.canonical_shape is not None:
+            return np.reshape(value, self.canonical_shape, order=HEAD_SPLIT)
         if self.gates is None:
             return value
         blocks = np.split(value, len(self.gates), axis=-1)
@@ -102,9 +119,35 @@ def _attention(model: keras.Model) -> dict[str, Binding]:
     return {name: Binding(variable) for name, variable in found.items()}
 
 
+def _text_transformer(model: keras.Model, shapes: dict[str, tuple[int, ...]]) -> dict[str, Binding]:
+    found = {"pos_embedding": Binding(model.get_layer("pos_embedding").pos_embedding)}
+    attn = model.get_layer("block_attn")
+    for name, shape in shapes.items():
+        prefix, _, leaf = name.rpartition(".")
+        if name in found:
+            continue
+        if prefix.startswith("block.attn."):  # block.attn.<projection>.<kernel|bias>: an EinsumDense of attn
+            variable = getattr(getattr(attn, ATTENTION_PROJECTIONS[prefix.rpartition(".")[2]]), leaf)
+            # Every per-head tensor is reshaped; the out bias (embed,) is the one Keras keeps as it is.
+            found[name] = Binding(variable, canonical_shape=shape if tuple(variable.shape) != shape else None)
+            continue
+        layer = _layer(model, prefix)
+        if isinstance(layer, keras.layers.LayerNormalization):
+            found[name] = Binding(getattr(layer, LAYERNORM[leaf]))
+        elif isinstance(layer, keras.layers.Embedding):
+            found[name] = Binding(layer.embeddings)
+        else:  # Dense: kernel and bias by name
+            found[name] = Binding(getattr(layer, leaf))
+    return found
+
+
 def bindings(model: keras.Model) -> dict[str, Binding]:
     """Canonical name -> where it lives in the model, in canonical order (rosetta_common.weights.canonical_shapes)."""
     config = _config(model)
+    if config.arch == "text_transformer":
+        shapes = canonical_shapes(config)
+        found = _text_transformer(model, shapes)
+        return {name: found[name] for name in shapes}
     found: dict[str, Binding] = {}
     for name in canonical_shapes(config):
         prefix, _, leaf = name.rpartition(".")
