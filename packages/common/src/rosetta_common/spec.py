@@ -28,9 +28,8 @@ Framework = Literal["torch", "tf", "jax"]
 ARCHITECTURES: tuple[str, ...] = get_args(Architecture)
 # The models that read token ids (the text data set); every other one reads images.
 TOKEN_ARCHITECTURES: tuple[str, ...] = ("text_transformer",)
-# The models a spec lists when params.yaml names none. The text model is opt-in for now (params.yaml, "models"):
-# its packages, serving and validate checks are not all in place yet (README, "The text model").
-DEFAULT_MODELS: tuple[str, ...] = tuple(a for a in ARCHITECTURES if a not in TOKEN_ARCHITECTURES)
+# The models a spec lists when params.yaml names none: every one.
+DEFAULT_MODELS: tuple[str, ...] = ARCHITECTURES
 
 
 def input_kind(arch: str) -> str:
