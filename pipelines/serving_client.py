@@ -1,10 +1,15 @@
-"""A small client of Rosetta's model servers: one batch of images through V1 REST, V2 REST and V2 gRPC, the logits
-back as numpy arrays.
+"""A small client of Rosetta's model servers: one batch (images, or a token model's ids) through V1 REST, V2 REST and
+V2 gRPC, the logits back as numpy arrays.
 
     from pipelines import serving_client
     logits = serving_client.predict_v1(url, "mlp", images)      # POST /v1/models/mlp:predict
     logits = serving_client.infer_v2(url, "mlp", images)        # POST /v2/models/mlp/infer
     logits = serving_client.infer_grpc(target, "mlp", images)   # GRPCInferenceService/ModelInfer
+    logits = serving_client.infer_v2(url, "text-transformer", tokens)   # int64 ids: the INT64 input "tokens"
+
+A model is asked for by its served name (rosetta_common.serving.served_name: text_transformer is served as
+text-transformer). The batch's dtype says what it is sent as (rosetta_common.serving.request_input): floats as the
+FP32 input "images", integers as the INT64 input "tokens" (V1: rows of JSON integers).
 
 REST is the standard library's urllib (it runs anywhere, the orchestrator included). gRPC takes KServe's own
 generated stubs and its InferRequest / InferResponse, so it runs where kserve is installed: any of the four serving
@@ -12,7 +17,8 @@ environments (`python -m pipelines.runner validation -- python -m pipelines.serv
 
 No bit is lost on the way: float32 values go out as JSON numbers (Python's shortest repr of the float64 that holds
 each float32 exactly, which parses back to that float64) or as raw little-endian float32 (gRPC), and come back
-the same way. A refused request raises RequestFailed with the status and the server's one line.
+the same way; token ids go out as JSON integers or raw little-endian int64. A refused request raises
+RequestFailed with the status and the server's one line.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ import numpy as np
 
 from rosetta_common import serving
 from rosetta_common.errors import RosettaError
-from rosetta_common.onnx_conventions import INPUT_NAME, OUTPUT_NAME
+from rosetta_common.onnx_conventions import OUTPUT_NAME
 
 TIMEOUT_SECONDS = 60.0
 MAX_GRPC_MESSAGE = 64 * 1024 * 1024  # the client's own; the server enforces its limit
@@ -63,21 +69,18 @@ def request(url: str, body: bytes | None = None, content_type: str = "applicatio
         raise RequestFailed("unreachable", f"{url}: {getattr(error, 'reason', error)}") from None
 
 
-def _float32(images: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(images, dtype=np.float32)
-
-
-def predict_v1(url: str, model: str, images: np.ndarray) -> np.ndarray:
-    """V1 (TF Serving's REST): {"instances": images} -> {"predictions": logits}."""
-    body = json.dumps({"instances": _float32(images).tolist()}).encode()
+def predict_v1(url: str, model: str, batch: np.ndarray) -> np.ndarray:
+    """V1 (TF Serving's REST): {"instances": images (or rows of token ids)} -> {"predictions": logits}."""
+    body = json.dumps({"instances": serving.request_input(batch)[2].tolist()}).encode()
     answer = request(f"{url}/v1/models/{model}:predict", body)
     return np.asarray(answer["predictions"], dtype=np.float32)
 
 
-def infer_v2(url: str, model: str, images: np.ndarray) -> np.ndarray:
-    """V2 REST (Open Inference Protocol): one FP32 tensor "images" in, the "logits" tensor out."""
-    images = _float32(images)
-    tensor = {"name": INPUT_NAME, "shape": list(images.shape), "datatype": "FP32", "data": images.ravel().tolist()}
+def infer_v2(url: str, model: str, batch: np.ndarray) -> np.ndarray:
+    """V2 REST (Open Inference Protocol): one tensor in (FP32 "images", or INT64 "tokens"), the "logits" tensor
+    out."""
+    name, datatype, values = serving.request_input(batch)
+    tensor = {"name": name, "shape": list(values.shape), "datatype": datatype, "data": values.ravel().tolist()}
     answer = request(f"{url}/v2/models/{model}/infer", json.dumps({"inputs": [tensor]}).encode())
     (output,) = [o for o in answer["outputs"] if o["name"] == OUTPUT_NAME]
     return np.asarray(output["data"], dtype=np.float32).reshape(output["shape"])
@@ -110,41 +113,42 @@ def grpc_call(method: Any, message: Any, timeout: float = TIMEOUT_SECONDS) -> An
         raise RequestFailed(error.code().name, error.details() or "") from None
 
 
-def infer_grpc(target: str, model: str, images: np.ndarray, stub: Any = None) -> np.ndarray:
-    """V2 gRPC: the images as raw float32 (raw_input_contents), built with KServe's InferRequest; the logits from
-    its InferResponse."""
+def infer_grpc(target: str, model: str, batch: np.ndarray, stub: Any = None) -> np.ndarray:
+    """V2 gRPC: the images as raw float32 (or token ids as raw int64) in raw_input_contents, built with KServe's
+    InferRequest; the logits from its InferResponse."""
     serving.import_kserve()
     from kserve.protocol.infer_type import InferInput, InferRequest, InferResponse
 
-    images = _float32(images)
-    tensor = InferInput(name=INPUT_NAME, shape=list(images.shape), datatype="FP32")
-    tensor.set_data_from_numpy(images, binary_data=True)
+    name, datatype, values = serving.request_input(batch)
+    tensor = InferInput(name=name, shape=list(values.shape), datatype=datatype)
+    tensor.set_data_from_numpy(values, binary_data=True)
     message = InferRequest(model_name=model, infer_inputs=[tensor]).to_grpc()
     reply = grpc_call((stub or grpc_stub(target)).ModelInfer, message)
     (output,) = [o for o in InferResponse.from_grpc(reply).outputs if o.name == OUTPUT_NAME]
     return output.as_numpy().astype(np.float32, copy=False)
 
 
-def logits(url: str, grpc_target: str | None, model: str, images: np.ndarray) -> dict[str, np.ndarray]:
+def logits(url: str, grpc_target: str | None, model: str, batch: np.ndarray) -> dict[str, np.ndarray]:
     """The batch through every protocol: {"v1": ..., "v2": ..., "grpc": ...} (gRPC only with a target, and only
     where kserve is installed)."""
-    found = {"v1": predict_v1(url, model, images), "v2": infer_v2(url, model, images)}
+    found = {"v1": predict_v1(url, model, batch), "v2": infer_v2(url, model, batch)}
     if grpc_target:
-        found["grpc"] = infer_grpc(grpc_target, model, images)
+        found["grpc"] = infer_grpc(grpc_target, model, batch)
     return found
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Send one batch (a .npy of float32 images) to a Rosetta model "
-                                                 "server through V1 REST, V2 REST and V2 gRPC.")
+    parser = argparse.ArgumentParser(description="Send one batch (a .npy of float32 images, or of int64 token ids) "
+                                                 "to a Rosetta model server through V1 REST, V2 REST and V2 gRPC.")
     parser.add_argument("--url", required=True, help="the server's REST base, e.g. http://127.0.0.1:8500")
     parser.add_argument("--grpc", help="its gRPC host:port, e.g. 127.0.0.1:8501 (needs kserve)")
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--images", type=Path, required=True, help=".npy, float32 (n, height, width)")
+    parser.add_argument("--model", required=True, help="its served name, e.g. mlp, cnn-init, text-transformer")
+    parser.add_argument("--batch", "--images", dest="batch", type=Path, required=True,
+                        help=".npy: float32 (n, height, width) images, or int64 (n, length) token ids")
     parser.add_argument("--out", type=Path, required=True, help=".npz with one array of logits per protocol")
     args = parser.parse_args(argv)
     try:
-        found = logits(args.url, args.grpc, args.model, np.load(args.images))
+        found = logits(args.url, args.grpc, args.model, np.load(args.batch, allow_pickle=False))
     except RequestFailed as error:
         print(f"error: {args.model}: {error}", file=sys.stderr)
         return 1

@@ -1,6 +1,7 @@
 """deploy/kserve/<server>.yaml: KServe InferenceServices of the four servers, checked offline against KServe's own
 CRD schema (deploy/kserve/schema, vendored), and against the servers they start: image, module, command line
-(parsed by the servers' own parser), ports, and the model store's layout under /mnt/models."""
+(parsed by the servers' own parser), ports, the model store's layout under /mnt/models, and the names its models
+are served under (DNS-1123 labels: text_transformer as text-transformer)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import yaml
 from pipelines.containers import image_name
 from pipelines.serving import SERVERS
 from rosetta_common import serving
+from rosetta_common.spec import load_spec
 from tooling import kserve_manifests as km
 
 REPO = Path(__file__).resolve().parents[1]
@@ -88,6 +90,34 @@ def test_manifest_starts_the_right_server(server: str, tmp_path: Path) -> None:
     assert spec["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
 
 
+@pytest.mark.parametrize("server", SERVERS)
+def test_manifest_names_the_models_as_they_are_served(server: str) -> None:
+    """The annotation lists every name the server answers to on params.yaml's run, from rosetta_common.serving (the
+    one list the servers, the client and the checks use): each model's served name, then its init twin's, every one
+    a DNS-1123 label."""
+    annotations = committed(server)["metadata"]["annotations"]
+    names = annotations[km.SERVED_MODELS].split(", ")
+    models = load_spec(REPO / "params.yaml").models
+    assert names == serving.served_models(models) == km.served_names()
+    assert all(km.DNS_1123_LABEL.fullmatch(name) for name in names)
+    assert not any("_" in name for name in names)
+
+
+def test_the_token_model_is_annotated_under_its_dns_label(schema: dict[str, Any], tmp_path: Path) -> None:
+    """With text_transformer among params.yaml's models (added here when it is not), the annotation names it as it
+    is served (text-transformer, text-transformer-init, "_" as "-") and the manifest still passes the check."""
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params["models"] = [m for m in params["models"] if m != "text_transformer"] + ["text_transformer"]
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    names = km.served_names(tmp_path / "params.yaml")
+    assert names[-2:] == ["text-transformer", "text-transformer-init"] and "text_transformer" not in names
+    document = committed("onnx")
+    document["metadata"]["annotations"][km.SERVED_MODELS] = ", ".join(names)
+    path = tmp_path / "onnx.yaml"
+    path.write_text(yaml.safe_dump(document))
+    km.check_file(path, schema)
+
+
 def planted(change: str) -> dict[str, Any]:
     document = copy.deepcopy(committed("jax"))
     spec = container(document)
@@ -103,6 +133,8 @@ def planted(change: str) -> dict[str, Any]:
         document["metadata"]["name"] = "Rosetta_JAX"
     elif change == "wrong kind":
         document["kind"] = "InferenceServices"
+    elif change == "model name not a DNS label":
+        document["metadata"]["annotations"][km.SERVED_MODELS] += ", text_transformer"
     return document
 
 
@@ -113,6 +145,8 @@ def planted(change: str) -> dict[str, Any]:
     ("resources not a map", ".spec.predictor.containers[0].resources:"),
     ("name not a DNS label", ".metadata.name: 'Rosetta_JAX'"),
     ("wrong kind", ".apiVersion/.kind:"),
+    ("model name not a DNS label", ".metadata.annotations.rosetta.served-models: 'text_transformer' is not a model "
+                                   "name KServe takes"),
 ])
 def test_planted_invalid_manifest_fails(change: str, field: str, schema: dict[str, Any], tmp_path: Path) -> None:
     path = tmp_path / "bad.yaml"

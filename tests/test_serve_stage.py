@@ -1,8 +1,9 @@
 """The serve stage and the validate stage's serving checks, for real, on the session's tiny run and a copy of it.
 
-The tiny run's `dvc repro` ran `serve` (the four model servers on loopback, the validation batch through V1 REST,
-V2 REST and V2 gRPC) and `validate` judged what it published; here: the published folder is complete and every
-serving check passed; the stage run again in a copy publishes the same bytes; one served logit moved by one ulp
+The tiny run's `dvc repro` ran `serve` (the four model servers on loopback, each model's validation batch, images or
+the token model's ids, through V1 REST, V2 REST and V2 gRPC) and `validate` judged what it published; here: the
+published folder is complete and every serving check passed, the token model's too, under its served name; the
+stage run again in a copy publishes the same bytes; one served logit moved by one ulp
 (its hash re-recorded, as a server that answered so would have) fails validate naming that check and nothing
 else; a server that cannot start, or a missing artifacts folder, is one `error:` line naming the server, a
 non-zero exit, and nothing published. Nothing is mocked."""
@@ -10,6 +11,7 @@ non-zero exit, and nothing published. Nothing is mocked."""
 from __future__ import annotations
 
 import ast
+import hashlib
 import io
 import itertools
 import json
@@ -25,10 +27,11 @@ import yaml
 
 from pipelines import paths, serving
 from pipelines.checks import ledger as names
-from rosetta_common.data import batch_sha256, load_prepared
+from rosetta_common.data import Dataset, load_for
 from rosetta_common.io import sha256
-from rosetta_common.serving import SERVED_FORMAT, init_name, served_models
-from support import REPO, VALIDATE, TinyRun, replace_file, sh
+from rosetta_common.serving import SERVED_FORMAT, batch_sha256, init_name, served_models, served_name
+from rosetta_common.spec import load_spec
+from support import REPO, VALIDATE, TinyRun, replace_file, run_in, sh
 
 SERVE = ["python", "-m", "pipelines.stages.serve", "--client", "pipelines.stages.serve_client"]
 SERVERS = ["torch", "tf", "jax", "onnx"]
@@ -75,14 +78,32 @@ def copy(tiny_pipeline: TinyRun, tmp_path_factory: pytest.TempPathFactory) -> Ti
 def test_the_served_folder_is_complete_and_every_serving_check_passes(tiny_pipeline: TinyRun) -> None:
     root = tiny_pipeline.root
     params = yaml.safe_load((root / "params.yaml").read_text())
+    spec = load_spec(root / "params.yaml")
     models = params["models"]
-    batch = load_prepared(root / paths.PREPARED).validation_batch(params["export"]["validation_batch_size"])
+    cache: dict[str, Dataset] = {}
+    data = {m: load_for(m, root / paths.PREPARED, cache) for m in models}
+    batches = {m: data[m].validation_batch(params["export"]["validation_batch_size"]) for m in models}
+    classes = {m: data[m].model_config(spec, m).num_classes for m in models}
     index = json.loads((root / paths.SERVED_INDEX).read_text())
     assert list(index["servers"]) == SERVERS and index["onnx_from"] == serving.ONNX_FROM
-    served = served_models(models)  # each model, then its init twin
+    served = served_models(models)  # each model, then its init twin, under their served names (DNS-1123 labels)
     assert index["models"] == served and index["protocols"] == PROTOCOLS and index["init"] == "artifacts/init"
-    # The batch train_export recorded its logits on, exactly.
-    assert index["batch"] == {"shape": list(batch.shape), "dtype": "float32", "sha256": batch_sha256(batch)}
+    assert not any("_" in name for name in served)  # DNS-1123 labels: text_transformer as text-transformer
+    assert ("text-transformer" in served) == ("text_transformer" in models)
+    # Each model's batch, the one train_export recorded its logits on, exactly: images (float32), token ids (int64).
+    first: dict[str, str] = {}  # each kind of input (images, tokens) -> the first model reading it
+    for m in models:
+        first.setdefault(data[m].kind, m)
+    assert index["batches"] == {
+        kind: {"shape": list(batches[m].shape), "dtype": str(batches[m].dtype), "sha256": batch_sha256(batches[m]),
+               "models": served_models([k for k in models if data[k].kind == kind])}
+        for kind, m in first.items()}
+    # An image batch's hash is what it always was (its float32 bytes), the token batch's its int64 bytes.
+    for kind, dtype in {"images": np.float32, "tokens": np.int64}.items():
+        if kind in first:
+            assert index["batches"][kind]["dtype"] == np.dtype(dtype).name, kind
+            raw = np.ascontiguousarray(batches[first[kind]], dtype).tobytes()
+            assert index["batches"][kind]["sha256"] == hashlib.sha256(raw).hexdigest(), kind
     files = tree(root / paths.SERVED)
     assert index["sha256"] == {k: v for k, v in files.items() if k != "index.json"}
     assert set(index["sha256"]) == {f"{s}/{p}.npz" for s in SERVERS for p in PROTOCOLS} | {
@@ -91,10 +112,16 @@ def test_the_served_folder_is_complete_and_every_serving_check_passes(tiny_pipel
         for protocol in PROTOCOLS:
             with np.load(root / paths.served_logits(server, protocol), allow_pickle=False) as npz:
                 assert npz.files == served, (server, protocol)
-                assert all(npz[m].dtype == np.float32 and npz[m].shape == (len(batch), 10) for m in served)
+                assert all(npz[name].dtype == np.float32 and npz[name].shape == (len(batches[m]), classes[m])
+                           for m in models for name in served_models([m]))
         metadata = json.loads((root / paths.served_metadata(server)).read_text())
         assert list(metadata) == served and all(set(metadata[m]) == {"rest", "grpc"} for m in served)
-        assert all(metadata[init_name(m)]["rest"] == {**metadata[m]["rest"], "name": init_name(m)} for m in models)
+        assert all(metadata[init_name(m)]["rest"] == {**metadata[served_name(m)]["rest"], "name": init_name(m)}
+                   for m in models)
+        for m in models:
+            if data[m].kind == "tokens":
+                assert metadata[served_name(m)]["rest"]["inputs"] == [{"name": "tokens", "datatype": "INT64",
+                                                                       "shape": [-1, -1]}], (server, m)
     # Nothing of a run that cannot repeat (ports, pids, seconds) is in the lineage: it is in measurements/.
     text = (root / paths.SERVED_INDEX).read_text()
     assert "127.0.0.1" not in text and "seconds" not in text
@@ -115,7 +142,8 @@ def test_the_served_folder_is_complete_and_every_serving_check_passes(tiny_pipel
         assert init["tolerance"] == tolerance and set(init["across_servers"]) == set(PAIRS), init
         assert set(init["vs_reference"]) == set(SERVERS), init
         argmax = init["argmax"]
-        assert argmax["rows_judged"] + argmax["rows_excluded"] == len(batch) and argmax["rows_differing"] == 0
+        assert argmax["rows_judged"] + argmax["rows_excluded"] == len(batches[record["model"]])
+        assert argmax["rows_differing"] == 0
 
 
 def test_the_stage_run_again_publishes_the_same_bytes(tiny_pipeline: TinyRun, copy: TinyRun) -> None:
@@ -170,6 +198,130 @@ def test_a_served_logit_one_ulp_off_fails_validate_naming_the_check(copy: TinyRu
     assert failed == [("cnn", "tf", check)], failed
     row = next(r for r in report["checks"] if r["check"] == check and r["model"] == "cnn" and r["framework"] == "tf")
     assert row["value"] == ulp and row["tolerance"] == 0.0 and "1 of " in row["detail"], row
+
+
+def test_a_token_answer_one_ulp_off_fails_validate_naming_the_check(copy: TinyRun) -> None:
+    """The token model is judged as every model is: torch's V1 answer for text-transformer (its served name), one
+    logit moved by one ulp and the hash re-recorded: only served_native_vs_in_process_v1 of text_transformer/torch
+    fails (recorded under the architecture, as every check)."""
+    if "text_transformer" not in load_spec(copy.root / "params.yaml").models:
+        pytest.skip("the tiny run has no text_transformer (tooling/tiny_run.py MODELS): no token answer to move")
+    moved: list[float] = []
+
+    def one_ulp_up(logits: np.ndarray) -> None:
+        at = np.unravel_index(np.abs(logits).argmax(), logits.shape)
+        up = np.nextafter(logits[at], np.float32(np.inf), dtype=np.float32)
+        moved.append(float(up) - float(logits[at]))
+        logits[at] = up
+
+    result, report = validate_with_served_answer(copy, "torch", "v1", served_name("text_transformer"), one_ulp_up)
+    (ulp,) = moved
+    check = names.served(names.SERVED_NATIVE_VS_IN_PROCESS, "v1")
+    assert result.returncode != 0
+    assert f"FAILED text_transformer/torch {check}: value {ulp}" in result.stderr, result.stderr[-3000:]
+    failed = [(r["model"], r["framework"], r["check"]) for r in report["checks"] if not r["passed"]]
+    assert failed == [("text_transformer", "torch", check)], failed
+
+
+# The validator's reading of a served folder, on a folder written here (no server, no tiny run): an image model and
+# the token model, each with its own batch; then the same folder with one thing wrong at a time.
+CHECKS_SCRIPT = r"""
+import copy, io, json, os
+import numpy as np
+from pipelines import paths
+from pipelines.checks.serving import expected_metadata, metadata_problems, model_problems, read_served
+from rosetta_common.inputs import random_tokens
+from rosetta_common.io import sha256, write_json
+from rosetta_common.serving import Signature, batch_sha256, served_models
+from rosetta_common.testing import small_config
+
+configs = {"mlp": small_config("mlp"), "text_transformer": small_config("text_transformer")}
+batches = {"mlp": np.random.default_rng(0).random((4, 8, 8), dtype=np.float32),
+           "text_transformer": random_tokens(np.random.default_rng(1), 4, 6, configs["text_transformer"].vocab_size)}
+servers = ["torch", "onnx"]
+
+def publish(meta_edit=None, index_edit=None):
+    for server in servers:
+        for protocol in paths.SERVED_PROTOCOLS:
+            path = paths.served_logits(server, protocol)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            np.savez(path, **{name: np.zeros((4, c.num_classes), np.float32)
+                              for m, c in configs.items() for name in served_models([m])})
+        metadata = {}
+        for m, c in configs.items():
+            signature = Signature.of(c)
+            for name in served_models([m]):
+                record = {"name": name, "versions": [], "platform": "", "inputs": signature.inputs(),
+                          "outputs": signature.outputs()}
+                metadata[name] = {"rest": record, "grpc": copy.deepcopy(record)}
+        if meta_edit:
+            meta_edit(server, metadata)
+        write_json(paths.served_metadata(server), metadata)
+    index = {"servers": {s: {} for s in servers}, "onnx_from": "torch",
+             "models": served_models(list(configs)), "protocols": list(paths.SERVED_PROTOCOLS),
+             "batches": {kind: {"shape": list(batches[m].shape), "dtype": str(batches[m].dtype),
+                                "sha256": batch_sha256(batches[m]), "models": served_models([m])}
+                         for kind, m in (("images", "mlp"), ("tokens", "text_transformer"))},
+             "sha256": {p.relative_to(paths.SERVED).as_posix(): sha256(p)
+                        for p in sorted(paths.SERVED.rglob("*")) if p.is_file() and p.name != "index.json"}}
+    if index_edit:
+        index_edit(index)
+    write_json(paths.SERVED_INDEX, index)
+
+def judge(given=None, batch=None):
+    served = read_served(batches["mlp"] if given is None else given)
+    arch = "text_transformer"
+    tokens = batches[arch] if batch is None else batch
+    problems = model_problems(served, arch, tokens, (len(tokens), configs[arch].num_classes))
+    if not problems:
+        problems = metadata_problems(served, arch, configs[arch])
+    return problems
+
+found = {}
+publish()
+found["good"] = judge()
+found["good_mlp"] = model_problems(read_served(batches), "mlp", batches["mlp"], (4, 10))
+found["good_given_tokens"] = judge(given={"tokens": batches["text_transformer"]})
+other = batches["text_transformer"].copy()
+other[0, 0] = 1 if other[0, 0] != 1 else 2
+found["other_batch"] = judge(batch=other)
+found["other_batch_given"] = judge(given={"tokens": other}, batch=other)
+found["as_float32"] = judge(batch=batches["text_transformer"].astype(np.float32))
+found["expected"] = expected_metadata("text-transformer", configs["text_transformer"])
+def fp32(server, metadata):
+    if server == "onnx":
+        metadata["text-transformer"]["rest"]["inputs"][0]["datatype"] = "FP32"
+publish(meta_edit=fp32)
+found["fp32_metadata"] = judge()
+publish(index_edit=lambda index: index.update(batch=index.pop("batches")["images"]))
+found["old_index"] = judge()
+def unrecorded(index):
+    index["batches"]["tokens"]["models"] = []
+publish(index_edit=unrecorded)
+found["unrecorded"] = judge()
+print(json.dumps(found))
+"""
+
+
+def test_the_validator_reads_each_models_batch_and_metadata_from_the_served_folder(tmp_path: Path) -> None:
+    """index.json records a batch per kind of input and the served names it went to: the token model is judged
+    against its own int64 batch (another batch, or its ids as float32, is served_readable's problem naming its
+    served name), its metadata must say INT64 "tokens" [-1, -1] on every server, and an index of the old form
+    (one "batch") is unreadable."""
+    result = run_in("validation", CHECKS_SCRIPT, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = json.loads(result.stdout.splitlines()[-1])
+    assert found["good"] == [] and found["good_mlp"] == [] and found["good_given_tokens"] == []
+    assert found["expected"]["inputs"] == [{"name": "tokens", "datatype": "INT64", "shape": [-1, -1]}]
+    assert [line.split(" was served another batch (tokens")[0] for line in found["other_batch"]] == [
+        "artifacts/served/index.json: text-transformer", "artifacts/served/index.json: text-transformer-init"]
+    assert any("served another tokens batch" in p for p in found["other_batch_given"]), found["other_batch_given"]
+    assert any("text-transformer was served another batch (tokens" in p and "(images, " in p
+               for p in found["as_float32"]), found["as_float32"]
+    assert any(p.startswith("onnx rest text-transformer: ") and '"datatype": "FP32"' in p
+               for p in found["fp32_metadata"]), found["fp32_metadata"]
+    assert len(found["old_index"]) == 1 and "index.json: unreadable (KeyError: 'batches')" in found["old_index"][0]
+    assert "records no batch sent to text-transformer" in found["unrecorded"][0], found["unrecorded"]
 
 
 def error_lines(stderr: str) -> list[str]:

@@ -4,16 +4,24 @@ Runtime) in the validation environment, all started once for this module by pipe
 ports, and traffic to 127.0.0.1 only.
 
 On every server and every model: the logits served through V1 REST, V2 REST and V2 gRPC are bit for bit the
-in-process logits of the same export on the validation batch (the framework's, recorded by train_export in
+in-process logits of the same export on the model's validation batch, images or the token model's int64 ids (the
+framework's, recorded by train_export in
 native_outputs.npz for the reloaded native format; ONNX Runtime's, computed here in the validation environment
 with the validate stage's own sessions). Every server also serves each model's `<model>-init`, its framework's
 model of the shared canonical init weights (ONNX: init.onnx): bit for bit what train_export's models.predict (or
 ONNX Runtime in process) gave, and within tolerances.forward_parity_abs of the float64 reference forward of those
 weights on every server, every protocol, and so of each other. The metadata is the same on all four; each bad
-request gets its
-protocol's status and one line naming the field, and the good request after it still succeeds. REST runs from
-this process (urllib); gRPC needs kserve's stubs, so one script in the validation environment sends every gRPC
-request and writes what came back."""
+request (the image model's, and the token model's: an id outside the vocabulary, a sequence too long, a row of
+padding alone, a wrong datatype, ...) gets its protocol's status and one line naming the field, and the good request
+after it still succeeds. REST runs from this process (urllib); gRPC needs kserve's stubs, so one script in the
+validation environment sends every gRPC request and writes what came back.
+
+The token model is also served without the tiny run: rosetta_common.testing's small text_transformer, the same
+canonical weights exported here by every framework that implements it (its package's TOKEN_MODELS; a server whose
+framework lacks it is skipped, saying so) and by ONNX_FROM's ONNX exporter, served by those servers alone: its
+answers bit for bit the same export's in process, within forward_parity_abs of the float64 reference forward on
+every server, its metadata INT64 "tokens" [-1, -1] under its served name text-transformer, and every bad token
+request refused in one line while the server keeps serving."""
 
 from __future__ import annotations
 
@@ -31,11 +39,13 @@ import numpy as np
 import pytest
 
 from pipelines import paths, serving, serving_client
-from rosetta_common.data import load_prepared
+from rosetta_common.data import Dataset, load_for
+from rosetta_common.inputs import PAD_ID, random_tokens
 from rosetta_common.reference import forward
-from rosetta_common.serving import init_name, served_models
+from rosetta_common.serving import init_name, served_models, served_name
 from rosetta_common.spec import ModelConfig, load_spec
-from rosetta_common.weights import load_weights
+from rosetta_common.testing import small_config
+from rosetta_common.weights import init_weights, load_weights, save_weights
 from support import REPO, TinyRun, orchestrator_env, run_in
 
 NATIVE_FORMAT = {"torch": "torch_export", "tf": "saved_model", "jax": "jax_export"}  # what each server serves
@@ -45,43 +55,55 @@ SERVERS = list(serving.SERVERS)
 
 
 class Served:
-    """What the module's servers serve: the run, its models, the batch and the logits expected of each."""
+    """What the module's servers serve: the run, its models (run folders) and served names, each model's batch and
+    config, and the logits expected of each served name."""
 
     def __init__(self, run: TinyRun, servers: list[serving.Server]) -> None:
         self.run, self.servers = run, {server.name: server for server in servers}
         spec = load_spec(run.root / "params.yaml")
         self.models = list(spec.models)
-        self.names = served_models(self.models)  # each model and its init twin
+        self.names = served_models(self.models)  # each model and its init twin, as served
         self.tolerance = spec.tolerances.forward_parity_abs
-        data = load_prepared(run.root / paths.PREPARED)
-        self.batch = data.validation_batch(spec.export.validation_batch_size)
+        cache: dict[str, Dataset] = {}
+        self.configs: dict[str, ModelConfig] = {}
+        self.batches: dict[str, np.ndarray] = {}  # served name -> the batch it is sent (train_export's)
+        for model in self.models:
+            data = load_for(model, run.root / paths.PREPARED, cache)
+            self.configs[model] = data.model_config(spec, model)
+            batch = data.validation_batch(spec.export.validation_batch_size)
+            self.batches |= dict.fromkeys(served_models([model]), batch)
         self.expected: dict[str, dict[str, np.ndarray]] = {}
         for framework, fmt in NATIVE_FORMAT.items():
             self.expected[framework] = {}
             for model in self.models:
                 with np.load(run.root / paths.native_outputs(model, framework)) as outputs:
-                    self.expected[framework][model] = outputs[paths.native_inference_keys(fmt)[0]][0]
+                    self.expected[framework][served_name(model)] = outputs[paths.native_inference_keys(fmt)[0]][0]
                     # train_export's models.predict of the model built from the canonical init weights
                     self.expected[framework][init_name(model)] = outputs["init_validation_logits"]
         # The float64 reference forward of each model's canonical init weights, as validate computes it.
         self.reference = {}
         for model in self.models:
-            config = ModelConfig.of(spec, model, data.image_shape, data.num_classes)
+            config = self.configs[model]
             init = load_weights(run.root / paths.init_weights(model), config)
-            self.reference[model] = forward(config, init, self.batch)
+            self.reference[model] = forward(config, init, self.batches[served_name(model)])
+
+    def first(self, kind: str) -> str | None:
+        """The first model (run folder) reading `kind` (images, tokens), or None."""
+        return next((m for m in self.models if self.configs[m].input.kind == kind), None)
 
 
-def onnx_in_process(run: TinyRun, models: list[str], batch: Path, out: Path) -> dict[str, np.ndarray]:
-    """ONNX Runtime's own logits of each served model.onnx (and init.onnx, for <model>-init), in the validation
-    environment, as validate opens them."""
-    files = {name: str(run.root / paths.onnx_model(m, ONNX_FROM)) for m in models for name in [m]}
-    files |= {init_name(m): str(run.root / paths.init_onnx(m, ONNX_FROM)) for m in models}
+def onnx_in_process(artifacts: Path, models: list[str], batches: dict[str, str], out: Path) -> dict[str, np.ndarray]:
+    """ONNX Runtime's own logits of each served model.onnx (and init.onnx, for <model>-init) on its batch
+    (`batches`: served name -> .npy), in the validation environment, as validate opens them."""
+    files = {served_name(m): str(artifacts / ONNX_FROM / m / "model.onnx") for m in models}
+    files |= {init_name(m): str(artifacts / ONNX_FROM / m / "init.onnx") for m in models}
     code = (
         "import numpy as np\n"
         "from pathlib import Path\n"
         "from pipelines.checks.sessions import open_session, run_onnx\n"
-        f"batch = np.load({str(batch)!r})\n"
-        f"found = {{name: run_onnx(open_session(Path(file)), batch) for name, file in {files!r}.items()}}\n"
+        f"batches = {batches!r}\n"
+        f"found = {{name: run_onnx(open_session(Path(file)), np.load(batches[name])) for name, file in "
+        f"{files!r}.items()}}\n"
         f"np.savez({str(out)!r}, **found)\n"
     )
     result = run_in("validation", code)
@@ -91,60 +113,114 @@ def onnx_in_process(run: TinyRun, models: list[str], batch: Path, out: Path) -> 
 
 
 # Every gRPC request of the module, sent from the validation environment (kserve's stubs); the good request after
-# each bad one is recorded as "then_ok".
+# each bad one is recorded as "then_ok". The image cases go to config["image_model"], the token cases to
+# config["token_model"] (each skipped where the servers serve none).
 GRPC_SCRIPT = r"""
 import json, os, sys
 import numpy as np
 from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
+from kserve.protocol.infer_type import InferResponse
 from pipelines import serving_client as client
 
 config = json.loads(open(os.environ["ROSETTA_TEST_GRPC"]).read())
-batch = np.load(config["batch"])
-n, h, w = batch.shape
+batches = {model: np.load(path) for model, path in config["batches"].items()}
 found, results = {}, {"errors": {}, "metadata": {}, "ready": {}}
 
-def tensor(name="images", datatype="FP32", shape=None):
-    return pb.ModelInferRequest.InferInputTensor(name=name, datatype=datatype, shape=shape or [n, h, w])
+def tensor(name, datatype, shape, contents=None):
+    return pb.ModelInferRequest.InferInputTensor(name=name, datatype=datatype, shape=shape, contents=contents)
 
 def request(model, inputs, raw):
     return pb.ModelInferRequest(model_name=model, inputs=inputs, raw_input_contents=raw)
 
-good_raw = [batch.astype("<f4").tobytes()]
+def image_cases(first):
+    batch = batches[first]
+    n, h, w = batch.shape
+    good_raw = [batch.astype("<f4").tobytes()]
+    image = lambda name="images", datatype="FP32", shape=None: tensor(name, datatype, shape or [n, h, w])
+    return {
+        "wrong_shape": request(first, [image(shape=[n, h, w - 1])], [batch[:, :, 1:].astype("<f4").tobytes()]),
+        "wrong_datatype": request(first, [image(datatype="FP64")], [batch.astype("<f8").tobytes()]),
+        "missing_input": request(first, [], []),
+        "wrong_name": request(first, [image(name="pixels")], good_raw),
+        "out_of_range": request(first, [image()], [(batch * 255 + 1).astype("<f4").tobytes()]),
+        "unknown_model": request("nope", [image()], good_raw),
+        "too_large": request(first, [image(shape=[config["limit"] // 4 + 1])],
+                             [bytes(4 * (config["limit"] // 4 + 1))]),
+    }
+
+def token_cases(first):
+    batch = batches[first]
+    vocab, longest = config["token_bounds"]["vocab_size"], config["token_bounds"]["max_length"]
+    outside = batch.copy()
+    outside[0, 0] = vocab
+    padding = batch.copy()
+    padding[-1] = 0
+    ids = lambda array: [np.ascontiguousarray(array, "<i8").tobytes()]
+    token = lambda array, name="tokens", datatype="INT64": tensor(name, datatype, list(array.shape))
+    too_long = np.ones((1, longest + 1), np.int64)
+    contents = pb.InferTensorContents(int64_contents=batch.ravel().tolist())
+    return {
+        "token_out_of_vocabulary": request(first, [token(outside)], ids(outside)),
+        "token_too_long": request(first, [token(too_long)], ids(too_long)),
+        "token_all_padding": request(first, [token(padding)], ids(padding)),
+        "token_wrong_datatype": request(first, [token(batch, datatype="FP32")], [batch.astype("<f4").tobytes()]),
+        "token_wrong_name": request(first, [token(batch, name="images")], ids(batch)),
+        "token_raw_not_int64": request(first, [token(batch)], [batch.astype("<i4").tobytes()]),
+        # good: the ids as typed int64_contents rather than raw bytes
+        "token_int64_contents": request(first, [tensor("tokens", "INT64", list(batch.shape), contents)], []),
+    }
+
 for server, target in config["targets"].items():
     stub = client.grpc_stub(target)
-    first = config["models"][0]
     results["ready"][server] = {
         "server": stub.ServerReady(pb.ServerReadyRequest()).ready,
         "models": {m: stub.ModelReady(pb.ModelReadyRequest(name=m)).ready for m in config["models"]}}
     for model in config["models"]:
-        found[f"{server}/{model}"] = client.infer_grpc(target, model, batch, stub)
+        found[f"{server}/{model}"] = client.infer_grpc(target, model, batches[model], stub)
         meta = stub.ModelMetadata(pb.ModelMetadataRequest(name=model))
         results["metadata"].setdefault(server, {})[model] = {
             "name": meta.name, "platform": meta.platform,
             "inputs": [{"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in meta.inputs],
             "outputs": [{"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in meta.outputs]}
-    cases = {
-        "wrong_shape": request(first, [tensor(shape=[n, h, w - 1])], [batch[:, :, 1:].astype("<f4").tobytes()]),
-        "wrong_datatype": request(first, [tensor(datatype="FP64")], [batch.astype("<f8").tobytes()]),
-        "missing_input": request(first, [], []),
-        "wrong_name": request(first, [tensor(name="pixels")], good_raw),
-        "out_of_range": request(first, [tensor()], [(batch * 255 + 1).astype("<f4").tobytes()]),
-        "unknown_model": request("nope", [tensor()], good_raw),
-        "too_large": request(first, [tensor(shape=[config["limit"] // 4 + 1])],
-                             [bytes(4 * (config["limit"] // 4 + 1))]),
-    }
-    for case, message in cases.items():
+    cases = {}
+    for key, make in (("image_model", image_cases), ("token_model", token_cases)):
+        if config[key]:
+            cases |= {case: (config[key], message) for case, message in make(config[key]).items()}
+    for case, (model, message) in cases.items():
         try:
-            client.grpc_call(stub.ModelInfer, message)
-            outcome = {"code": "OK", "message": ""}
+            reply = client.grpc_call(stub.ModelInfer, message)
+            answer = InferResponse.from_grpc(reply).outputs[0].as_numpy()
+            outcome = {"code": "OK", "message": "", "same": bool(np.array_equal(answer, found[f"{server}/{model}"]))}
         except client.RequestFailed as error:
             outcome = {"code": error.status, "message": error.message}
-        then = client.infer_grpc(target, first, batch, stub)
-        outcome["then_ok"] = bool(np.array_equal(then, found[f"{server}/{first}"]))
+        then = client.infer_grpc(target, model, batches[model], stub)
+        outcome["then_ok"] = bool(np.array_equal(then, found[f"{server}/{model}"]))
         results["errors"].setdefault(server, {})[case] = outcome
 np.savez(config["logits"], **found)
 open(config["results"], "w").write(json.dumps(results))
 """
+
+
+def send_grpc(work: Path, targets: dict[str, str], names: list[str], batches: dict[str, np.ndarray],
+              image_model: str | None, token_model: str | None, token_config: ModelConfig | None) -> dict[str, Any]:
+    """GRPC_SCRIPT on these servers and served names (each with its batch); what came back, logits included."""
+    files = {}
+    for name in names:
+        files[name] = str(work / f"{name}.npy")
+        np.save(files[name], batches[name])
+    bounds = None if token_config is None else {"vocab_size": token_config.vocab_size,
+                                                "max_length": token_config.max_length}
+    config = {"targets": targets, "models": names, "batches": files, "limit": LIMIT,
+              "logits": str(work / "logits.npz"), "results": str(work / "results.json"),
+              "image_model": image_model, "token_model": token_model, "token_bounds": bounds}
+    (work / "config.json").write_text(json.dumps(config))
+    result = run_in("validation", GRPC_SCRIPT, ROSETTA_TEST_GRPC=str(work / "config.json"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    results = json.loads((work / "results.json").read_text())
+    with np.load(work / "logits.npz") as logits:
+        results["logits"] = {key: logits[key] for key in logits.files}
+    results["batches"] = files
+    return results
 
 
 @pytest.fixture(scope="module")
@@ -162,17 +238,12 @@ def served(tiny_pipeline: TinyRun, tmp_path_factory: pytest.TempPathFactory) -> 
 @pytest.fixture(scope="module")
 def grpc_results(served: Served, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     work = tmp_path_factory.mktemp("grpc")
-    np.save(work / "batch.npy", served.batch)
-    config = {"targets": {name: s.grpc_target for name, s in served.servers.items()}, "models": served.names,
-              "batch": str(work / "batch.npy"), "limit": LIMIT, "logits": str(work / "logits.npz"),
-              "results": str(work / "results.json")}
-    (work / "config.json").write_text(json.dumps(config))
-    result = run_in("validation", GRPC_SCRIPT, ROSETTA_TEST_GRPC=str(work / "config.json"))
-    assert result.returncode == 0, result.stderr[-3000:]
-    results = json.loads((work / "results.json").read_text())
-    with np.load(work / "logits.npz") as logits:
-        results["logits"] = {key: logits[key] for key in logits.files}
-    results["onnx_in_process"] = onnx_in_process(served.run, served.models, work / "batch.npy", work / "ort.npz")
+    image, token = served.first("images"), served.first("tokens")
+    results = send_grpc(work, {name: s.grpc_target for name, s in served.servers.items()}, served.names,
+                        served.batches, image and served_name(image), token and served_name(token),
+                        token and served.configs[token])
+    results["onnx_in_process"] = onnx_in_process(served.run.root / "artifacts", served.models, results["batches"],
+                                                 work / "ort.npz")
     return results
 
 
@@ -191,8 +262,9 @@ def test_every_protocol_serves_the_in_process_logits_bit_for_bit(served: Served,
     assert grpc_results["ready"][server] == {"server": True, "models": dict.fromkeys(served.names, True)}
     for model in served.names:
         expected = expected_logits(served, grpc_results, server, model)
-        found = {"v1": serving_client.predict_v1(url, model, served.batch),
-                 "v2": serving_client.infer_v2(url, model, served.batch),
+        batch = served.batches[model]
+        found = {"v1": serving_client.predict_v1(url, model, batch),
+                 "v2": serving_client.infer_v2(url, model, batch),
                  "grpc": grpc_results["logits"][f"{server}/{model}"]}
         for protocol, logits in found.items():
             assert logits.dtype == np.float32 and logits.shape == expected.shape, (server, model, protocol)
@@ -209,8 +281,8 @@ def test_every_server_serves_the_init_model_within_tolerance_of_the_reference(se
         answers = {}
         for server in SERVERS:
             url, name = served.servers[server].url, init_name(model)
-            answers[server] = {"v1": serving_client.predict_v1(url, name, served.batch),
-                               "v2": serving_client.infer_v2(url, name, served.batch),
+            answers[server] = {"v1": serving_client.predict_v1(url, name, served.batches[name]),
+                               "v2": serving_client.infer_v2(url, name, served.batches[name]),
                                "grpc": grpc_results["logits"][f"{server}/{name}"]}
             for protocol, logits in answers[server].items():
                 worst = float(np.abs(logits.astype(np.float64) - served.reference[model]).max())
@@ -221,19 +293,29 @@ def test_every_server_serves_the_init_model_within_tolerance_of_the_reference(se
                 assert worst <= served.tolerance, f"{a}|{b} {init_name(model)} {protocol}: {worst:.3g}"
 
 
+def expected_metadata(name: str, config: ModelConfig) -> dict[str, Any]:
+    """A served name's V2 metadata: the ONNX conventions' names, the batch as -1, an image model's FP32 image
+    shape or the token model's INT64 [-1, -1] (length variable too), the class count."""
+    if config.input.kind == "tokens":
+        inputs = [{"name": "tokens", "datatype": "INT64", "shape": [-1, -1]}]
+    else:
+        inputs = [{"name": "images", "datatype": "FP32", "shape": [-1, *config.input.shape]}]
+    return {"name": name, "platform": "", "inputs": inputs,
+            "outputs": [{"name": "logits", "datatype": "FP32", "shape": [-1, config.num_classes]}]}
+
+
 def test_the_metadata_is_the_same_on_every_server(served: Served, grpc_results: dict[str, Any]) -> None:
-    """V2 model metadata over REST and gRPC, identical across the four: the ONNX conventions' names, FP32, the
-    batch as -1, the image shape and class count of the run."""
-    height, width = served.batch.shape[1:]
-    for model in served.names:  # <model>-init: <model>'s metadata but for the name
-        expected = {"name": model, "platform": "",
-                    "inputs": [{"name": "images", "datatype": "FP32", "shape": [-1, height, width]}],
-                    "outputs": [{"name": "logits", "datatype": "FP32", "shape": [-1, 10]}]}
-        for server in SERVERS:
-            rest = serving_client.metadata(served.servers[server].url, model)
-            rest.pop("versions", None)  # KServe's optional, empty field
-            assert rest == expected, (server, model)
-            assert grpc_results["metadata"][server][model] == expected, (server, model)
+    """V2 model metadata over REST and gRPC, identical across the four: the ONNX conventions' names, the batch as
+    -1, the image shape (or the token model's INT64 ids of any length) and class count of the run."""
+    for model in served.models:
+        for name in served_models([model]):  # <model>-init: <model>'s metadata but for the name
+            expected = expected_metadata(name, served.configs[model])
+            for server in SERVERS:
+                rest = serving_client.metadata(served.servers[server].url, name)
+                rest.pop("versions", None)  # KServe's optional, empty field
+                assert rest == expected, (server, name)
+                assert grpc_results["metadata"][server][name] == expected, (server, name)
+    assert "text_transformer" not in served.names  # served as a DNS-1123 label
 
 
 def post(url: str, body: bytes, content_type: str = "application/json") -> tuple[int, str]:
@@ -253,9 +335,8 @@ def v2(data: Any, shape: list[int], datatype: str = "FP32", name: str = "images"
     return json.dumps({"inputs": [{"name": name, "shape": shape, "datatype": datatype, "data": data}]}).encode()
 
 
-def rest_cases(served: Served, model: str) -> dict[str, tuple[str, bytes, int, str]]:
-    """case -> (path, body, status, what the one line must say)."""
-    batch = served.batch
+def rest_cases(batch: np.ndarray, model: str) -> dict[str, tuple[str, bytes, int, str]]:
+    """An image model's bad REST requests: case -> (path, body, status, what the one line must say)."""
     n, h, w = batch.shape
     flat = batch.ravel().tolist()
     pad = b" " * LIMIT
@@ -290,19 +371,69 @@ def rest_cases(served: Served, model: str) -> dict[str, tuple[str, bytes, int, s
     }
 
 
-@pytest.mark.parametrize("server", SERVERS)
-def test_bad_rest_requests_get_their_status_and_one_line(served: Served, grpc_results: dict[str, Any],
-                                                         server: str) -> None:
-    url, model = served.servers[server].url, served.models[0]
-    expected = expected_logits(served, grpc_results, server, model)
-    for case, (path, body, status, says) in rest_cases(served, model).items():
+def token_rest_cases(batch: np.ndarray, model: str, config: ModelConfig) -> dict[str, tuple[str, bytes, int, str]]:
+    """The token model's bad REST requests, each refused as InputSpec.check refuses it: case -> (path, body, status,
+    what the one line must say)."""
+    vocab, longest = int(config.vocab_size), int(config.max_length)
+    n, length = batch.shape
+    outside, negative, padding = batch.copy(), batch.copy(), batch.copy()
+    outside[0, 0], negative[-1, 0], padding[-1] = vocab, -1, PAD_ID
+    too_long = np.ones((1, longest + 1), np.int64)
+    v1_path, v2_path = f"/v1/models/{model}:predict", f"/v2/models/{model}/infer"
+
+    def ints(array: np.ndarray, datatype: str = "INT64", name: str = "tokens") -> bytes:
+        return v2(array.ravel().tolist(), list(array.shape), datatype, name)
+
+    return {
+        "v1_token_out_of_vocabulary": (v1_path, v1(outside.tolist()), 400,
+                                       f"instances: token id {vocab} outside the vocabulary 0..{vocab - 1}"),
+        "v1_token_negative": (v1_path, v1(negative.tolist()), 400, "instances: token id -1 outside the vocabulary"),
+        "v1_token_too_long": (v1_path, v1(too_long.tolist()), 400, f"instances: sequence length {longest + 1}, "
+                              f"longer than the model's maximum {longest}"),
+        "v1_token_all_padding": (v1_path, v1(padding.tolist()), 400, f"instances: row {n - 1} is all padding"),
+        "v1_token_floats": (v1_path, v1((batch + 0.5).tolist()), 400,
+                            "instances: holds numbers that are not integers"),
+        "v1_token_ragged": (v1_path, v1([batch[0].tolist(), batch[1, :-1].tolist()]), 400,
+                            "instances: nested lists of unequal lengths"),
+        "v1_token_one_row_flat": (v1_path, v1(batch[0].tolist()), 400,
+                                  f"instances: shape [{length}] is not allowed; allowed: one INT64 input 'tokens'"),
+        "v2_token_wrong_datatype": (v2_path, ints(batch.astype(np.float32), "FP32"), 400,
+                                    "inputs[0].datatype: 'FP32' is not allowed; allowed: 'INT64'"),
+        "v2_token_out_of_vocabulary": (v2_path, ints(outside), 400,
+                                       f"inputs[0].data: token id {vocab} outside the vocabulary 0..{vocab - 1}"),
+        "v2_token_too_long": (v2_path, ints(too_long), 400, f"inputs[0].data: sequence length {longest + 1}"),
+        "v2_token_all_padding": (v2_path, ints(padding), 400, f"inputs[0].data: row {n - 1} is all padding"),
+        "v2_token_floats": (v2_path, v2((batch + 0.5).ravel().tolist(), [n, length], "INT64", "tokens"), 400,
+                            "inputs[0].data: holds numbers that are not integers"),
+        "v2_token_wrong_name": (v2_path, ints(batch, name="images"), 400,
+                                "inputs: no input named 'tokens' (got ['images'])"),
+        "v2_token_short_data": (v2_path, v2(batch.ravel().tolist()[:-1], [n, length], "INT64", "tokens"), 400,
+                                f"inputs[0].data: {n * length - 1} values do not fill shape [{n}, {length}]"),
+        "v2_token_wrong_shape": (v2_path, v2(batch.ravel().tolist(), [n * length], "INT64", "tokens"), 400,
+                                 f"inputs[0].shape: [{n * length}] is not allowed"),
+    }
+
+
+def refused_then_served(url: str, model: str, batch: np.ndarray, expected: np.ndarray,
+                        cases: dict[str, tuple[str, bytes, int, str]], where: str) -> None:
+    """Each case gets its status and one line saying what it must; the good request right after each still
+    succeeds with the same logits (the server keeps serving)."""
+    for case, (path, body, status, says) in cases.items():
         # The V1 body that is not JSON goes as a form, as curl -d sends it; the rest as JSON.
         found, line = post(url + path, body, "application/x-www-form-urlencoded" if case == "v1_not_json"
                            else "application/json")
-        assert (found, "\n" in line) == (status, False), (server, case, found, line)
-        assert says in line, (server, case, line)
-        # The server keeps serving: the good request right after succeeds, with the same logits.
-        assert np.array_equal(serving_client.infer_v2(url, model, served.batch), expected), (server, case)
+        assert (found, "\n" in line) == (status, False), (where, case, found, line)
+        assert says in line, (where, case, line)
+        assert np.array_equal(serving_client.infer_v2(url, model, batch), expected), (where, case)
+
+
+@pytest.mark.parametrize("server", SERVERS)
+def test_bad_rest_requests_get_their_status_and_one_line(served: Served, grpc_results: dict[str, Any],
+                                                         server: str) -> None:
+    url, model = served.servers[server].url, served_name(served.first("images"))
+    expected = expected_logits(served, grpc_results, server, model)
+    refused_then_served(url, model, served.batches[model], expected, rest_cases(served.batches[model], model),
+                        server)
     status, line = post(url + f"/v1/models/{model}:predict", b"{not json")  # JSON content type, not JSON
     assert status == 400 and line.startswith("body: not JSON"), (server, line)
     with pytest.raises(serving_client.RequestFailed) as refused:
@@ -311,22 +442,253 @@ def test_bad_rest_requests_get_their_status_and_one_line(served: Served, grpc_re
 
 
 @pytest.mark.parametrize("server", SERVERS)
-def test_bad_grpc_requests_get_their_status_and_one_line(grpc_results: dict[str, Any], server: str) -> None:
-    expected = {
-        "wrong_shape": ("INVALID_ARGUMENT", "inputs[0].shape: "),
-        "wrong_datatype": ("INVALID_ARGUMENT", "inputs[0].datatype: 'FP64' is not allowed"),
-        "missing_input": ("INVALID_ARGUMENT", "inputs: no input named 'images' (got [])"),
-        "wrong_name": ("INVALID_ARGUMENT", "inputs: no input named 'images' (got ['pixels'])"),
-        "out_of_range": ("INVALID_ARGUMENT", "inputs[0].data: values from"),
-        "unknown_model": ("NOT_FOUND", "model 'nope': not served here"),
-        "too_large": ("RESOURCE_EXHAUSTED", "larger than max"),  # gRPC's own limit, set to the same size
+def test_bad_token_rest_requests_get_their_status_and_one_line(served: Served, grpc_results: dict[str, Any],
+                                                               server: str) -> None:
+    token = served.first("tokens")
+    if token is None:
+        pytest.skip("the run serves no token model")
+    url, model = served.servers[server].url, served_name(token)
+    expected = expected_logits(served, grpc_results, server, model)
+    refused_then_served(url, model, served.batches[model], expected,
+                        token_rest_cases(served.batches[model], model, served.configs[token]), server)
+    status, line = post(url + f"/v1/models/{token}:predict", v1(served.batches[model].tolist()))
+    assert status == 404 and f"model {token!r}: not served here" in line, (server, line)  # its served name only
+
+
+IMAGE_GRPC_CASES = {
+    "wrong_shape": ("INVALID_ARGUMENT", "inputs[0].shape: "),
+    "wrong_datatype": ("INVALID_ARGUMENT", "inputs[0].datatype: 'FP64' is not allowed"),
+    "missing_input": ("INVALID_ARGUMENT", "inputs: no input named 'images' (got [])"),
+    "wrong_name": ("INVALID_ARGUMENT", "inputs: no input named 'images' (got ['pixels'])"),
+    "out_of_range": ("INVALID_ARGUMENT", "inputs[0].data: values from"),
+    "unknown_model": ("NOT_FOUND", "model 'nope': not served here"),
+    "too_large": ("RESOURCE_EXHAUSTED", "larger than max"),  # gRPC's own limit, set to the same size
+}
+
+
+def token_grpc_cases(config: ModelConfig) -> dict[str, tuple[str, str]]:
+    vocab, longest = int(config.vocab_size), int(config.max_length)
+    return {
+        "token_out_of_vocabulary": ("INVALID_ARGUMENT", f"inputs[0].data: token id {vocab} outside the vocabulary "
+                                                        f"0..{vocab - 1}"),
+        "token_too_long": ("INVALID_ARGUMENT", f"inputs[0].data: sequence length {longest + 1}, longer than the "
+                                               f"model's maximum {longest}"),
+        "token_all_padding": ("INVALID_ARGUMENT", "is all padding (id 0); every row needs at least one token"),
+        "token_wrong_datatype": ("INVALID_ARGUMENT", "inputs[0].datatype: 'FP32' is not allowed; allowed: 'INT64'"),
+        "token_wrong_name": ("INVALID_ARGUMENT", "inputs: no input named 'tokens' (got ['images'])"),
+        # int32 bytes: half as many values, or a byte count no int64 fills
+        "token_raw_not_int64": ("INVALID_ARGUMENT", "inputs[0].data: "),
     }
-    errors = grpc_results["errors"][server]
+
+
+def check_grpc_outcomes(errors: dict[str, Any], expected: dict[str, tuple[str, str]], where: str) -> None:
     for case, (code, says) in expected.items():
         outcome = errors[case]
-        assert (outcome["code"], "\n" in outcome["message"]) == (code, False), (server, case, outcome)
-        assert says in outcome["message"], (server, case, outcome)
-        assert outcome["then_ok"], (server, case)
+        assert (outcome["code"], "\n" in outcome["message"]) == (code, False), (where, case, outcome)
+        assert says in outcome["message"], (where, case, outcome)
+        assert outcome["then_ok"], (where, case)
+
+
+@pytest.mark.parametrize("server", SERVERS)
+def test_bad_grpc_requests_get_their_status_and_one_line(served: Served, grpc_results: dict[str, Any],
+                                                         server: str) -> None:
+    errors = grpc_results["errors"][server]
+    check_grpc_outcomes(errors, IMAGE_GRPC_CASES, server)
+    token = served.first("tokens")
+    if token is not None:
+        check_grpc_outcomes(errors, token_grpc_cases(served.configs[token]), server)
+        # int64_contents (typed, not raw) is as good as raw bytes: the same answer
+        assert errors["token_int64_contents"] == {"code": "OK", "message": "", "same": True, "then_ok": True}
+
+
+# --- the token model on every server, without the tiny run ---------------------------------------------------------
+
+# One token model (rosetta_common.testing's small text_transformer) with the same canonical weights in every
+# framework: each framework whose package implements it (rosetta_common.interface.architectures, its TOKEN_MODELS)
+# builds it from those weights and writes its native export as train_export does (export_native), and records what
+# that export (reloaded by load_native, as the server reloads it) and models.predict of the init weights give on the
+# batch in process, under the runner's threads and pins, as the server runs; ONNX_FROM's also writes model.onnx and
+# init.onnx with its own exporter, and the run folder's trained.safetensors (where the ONNX server reads the token
+# model's bounds). A framework that lacks the model writes nothing and says so.
+TOKEN_RUN_SCRIPT = r"""
+import importlib, json, os, shutil
+from pathlib import Path
+import numpy as np
+from rosetta_common.interface import BACKEND_MODULES, architectures
+from rosetta_common.serving import SERVED_FORMAT
+from rosetta_common.spec import ModelConfig
+from rosetta_common.weights import init_weights, load_weights, save_weights
+
+job = json.loads(os.environ["ROSETTA_TEST_TOKEN_RUN"])
+framework, config = job["framework"], ModelConfig.model_validate(job["config"])
+package = importlib.import_module(BACKEND_MODULES[framework])
+if config.arch not in architectures(package):
+    print(json.dumps({"implemented": False}))
+    raise SystemExit(0)
+package.configure(0)
+batch, run = np.load(job["batch"]), Path(job["run"])
+trained = package.build(config, load_weights(job["trained"], config))
+initial = package.build(config, load_weights(job["init"], config))
+package.export_native(trained, run / "native", batch)
+shutil.copyfile(job["trained"], run / "trained.safetensors")
+found = {"trained": package.load_native(run / "native")[SERVED_FORMAT[framework]](batch),
+         "init": package.predict(initial, batch)}
+if job["onnx"]:
+    package.export_onnx(trained, run / "model.onnx", batch)
+    package.export_onnx(initial, run / "init.onnx", batch)
+np.savez(job["out"], **found)
+print(json.dumps({"implemented": True}))
+"""
+
+
+class TokenServed:
+    """The servers serving only the small token model, one export per framework that implements it: the config,
+    the weights, the batch, the servers and each one's expected logits (served name -> array), and why a server is
+    not there (server -> reason)."""
+
+    def __init__(self, root: Path, config: ModelConfig, weights: dict[str, dict[str, np.ndarray]],
+                 batch: np.ndarray) -> None:
+        self.root, self.config, self.weights, self.batch = root, config, weights, batch
+        self.artifacts = root / "artifacts"
+        self.names = served_models([config.arch])
+        self.servers: dict[str, serving.Server] = {}
+        self.expected: dict[str, dict[str, np.ndarray]] = {}
+        self.missing: dict[str, str] = {}
+        # The float64 reference forward of both models' canonical weights.
+        kinds = dict(zip(self.names, ("trained", "init"), strict=True))
+        self.reference = {name: forward(config, weights[kind], batch) for name, kind in kinds.items()}
+
+    def server(self, name: str) -> serving.Server:
+        if name not in self.servers:
+            pytest.skip(self.missing[name])
+        return self.servers[name]
+
+
+@pytest.fixture(scope="module")
+def token_served(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    root = tmp_path_factory.mktemp("token-servers")
+    config = small_config("text_transformer")
+    weights = {"trained": init_weights(config, 1), "init": init_weights(config, 0)}
+    # Padded rows of 1..max_length ids: every length the model takes, most rows with padding.
+    batch = random_tokens(np.random.default_rng(0), 6, int(config.max_length), int(config.vocab_size))
+    served = TokenServed(root, config, weights, batch)
+    np.save(root / "batch.npy", batch)
+    init_file = served.artifacts / "init" / f"{config.arch}.safetensors"  # the init stage's file
+    init_file.parent.mkdir(parents=True)
+    save_weights(root / "trained.safetensors", weights["trained"], config.arch)
+    save_weights(init_file, weights["init"], config.arch)
+    for framework in NATIVE_FORMAT:
+        job = {"framework": framework, "config": config.model_dump(mode="json"), "batch": str(root / "batch.npy"),
+               "run": str(served.artifacts / framework / config.arch), "trained": str(root / "trained.safetensors"),
+               "init": str(init_file), "onnx": framework == ONNX_FROM, "out": str(root / f"{framework}.npz")}
+        written = run_in(framework, TOKEN_RUN_SCRIPT, ROSETTA_TEST_TOKEN_RUN=json.dumps(job))
+        assert written.returncode == 0, (framework, written.stderr[-3000:])
+        if not json.loads(written.stdout.splitlines()[-1])["implemented"]:
+            served.missing[framework] = (f"rosetta_{framework} does not implement {config.arch} yet (not in its "
+                                         "TOKEN_MODELS): no export of it to serve")
+            continue
+        with np.load(root / f"{framework}.npz") as found:
+            served.expected[framework] = dict(zip(served.names, (found["trained"], found["init"]), strict=True))
+    if ONNX_FROM in served.missing:
+        served.missing["onnx"] = f"the ONNX server serves {ONNX_FROM}'s model.onnx: {served.missing[ONNX_FROM]}"
+    names = [name for name in SERVERS if name not in served.missing]
+    servers = serving.start(names, served.artifacts, [config.arch], max_body_bytes=LIMIT, log_dir=root / "logs")
+    try:
+        serving.wait_ready(servers, [config.arch])
+        served.servers = {server.name: server for server in servers}
+        yield served
+    finally:
+        serving.stop(servers)
+
+
+@pytest.fixture(scope="module")
+def token_grpc(token_served: TokenServed, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    work = tmp_path_factory.mktemp("token-grpc")
+    names = token_served.names
+    results = send_grpc(work, {name: s.grpc_target for name, s in token_served.servers.items()}, names,
+                        dict.fromkeys(names, token_served.batch), None, names[0], token_served.config)
+    if "onnx" in token_served.servers:
+        token_served.expected["onnx"] = onnx_in_process(token_served.artifacts, [token_served.config.arch],
+                                                        results["batches"], work / "ort.npz")
+    return results
+
+
+def test_the_token_model_is_served_under_its_dns_label_with_int64_metadata(token_served: TokenServed,
+                                                                          token_grpc: dict[str, Any]) -> None:
+    """text_transformer is served as text-transformer (and text-transformer-init) on every server that has it: V2
+    metadata over REST and gRPC says one INT64 input "tokens" [-1, -1], the same everywhere; the folder's own name
+    is not served."""
+    names = token_served.names
+    assert names == ["text-transformer", "text-transformer-init"]
+    assert token_served.servers, token_served.missing
+    for server, running in token_served.servers.items():
+        assert token_grpc["ready"][server] == {"server": True, "models": dict.fromkeys(names, True)}, server
+        for name in names:
+            rest = serving_client.metadata(running.url, name)
+            rest.pop("versions", None)
+            assert rest == expected_metadata(name, token_served.config) == token_grpc["metadata"][server][name], (
+                server, name)
+        with pytest.raises(serving_client.RequestFailed) as refused:
+            serving_client.metadata(running.url, "text_transformer")
+        assert refused.value.status == 404, server
+        assert "allowed: text-transformer, text-transformer-init" in refused.value.message, server
+
+
+@pytest.mark.parametrize("server", SERVERS)
+def test_the_token_model_serves_the_in_process_logits_bit_for_bit(token_served: TokenServed,
+                                                                  token_grpc: dict[str, Any], server: str) -> None:
+    """Padded int64 ids through V1 (JSON integers), V2 REST (INT64 data) and gRPC (raw little-endian int64): exactly
+    the logits the same export gives in process (the framework's reloaded native export, or ONNX Runtime's session
+    of model.onnx), for the trained model and its init twin; a batch of length 1 and one of max_length are served
+    too."""
+    url = token_served.server(server).url
+    for name in token_served.names:
+        expected = token_served.expected[server][name]
+        found = {"v1": serving_client.predict_v1(url, name, token_served.batch),
+                 "v2": serving_client.infer_v2(url, name, token_served.batch),
+                 "grpc": token_grpc["logits"][f"{server}/{name}"]}
+        for protocol, logits in found.items():
+            assert logits.dtype == np.float32 and logits.shape == expected.shape, (name, protocol)
+            assert np.array_equal(logits, expected), (
+                f"{server} {name} {protocol}: max abs {np.abs(logits - expected).max():.3g}")
+    config = token_served.config
+    for length in (1, int(config.max_length)):
+        tokens = np.ones((2, length), np.int64)
+        assert serving_client.infer_v2(url, "text-transformer", tokens).shape == (2, config.num_classes)
+
+
+def test_every_server_serves_the_token_model_within_tolerance_of_the_reference(token_served: TokenServed,
+                                                                              token_grpc: dict[str, Any]) -> None:
+    """The same canonical weights on every server (the trained model's and the init twin's): every answer within
+    tolerances.forward_parity_abs of the float64 reference forward of those weights on the same ids, and so every
+    pair of servers within twice that of each other. Padding must be masked alike everywhere for this to hold."""
+    tolerance = load_spec(REPO / "params.yaml").tolerances.forward_parity_abs
+    assert len(token_served.servers) >= 2, token_served.missing  # something to compare
+    for name in token_served.names:
+        for server in token_served.servers:
+            logits = token_grpc["logits"][f"{server}/{name}"].astype(np.float64)
+            worst = float(np.abs(logits - token_served.reference[name]).max())
+            assert worst <= tolerance, f"{server} {name}: {worst:.3g} from the reference (tolerance {tolerance:g})"
+
+
+@pytest.mark.parametrize("server", SERVERS)
+def test_bad_token_requests_get_their_status_and_one_line_and_the_server_keeps_serving(
+        token_served: TokenServed, token_grpc: dict[str, Any], server: str) -> None:
+    """An id outside the vocabulary, a negative id, a sequence longer than max_length, a row of padding alone, a
+    wrong datatype, floats, ragged rows, a wrong name or shape: 400 (V1, V2 REST) or INVALID_ARGUMENT (gRPC) with
+    one line naming the field, the value and what is allowed, as InputSpec.check says it; the good request after
+    each still gets the same logits."""
+    url, model = token_served.server(server).url, "text-transformer"
+    expected = token_served.expected[server][model]
+    refused_then_served(url, model, token_served.batch, expected,
+                        token_rest_cases(token_served.batch, model, token_served.config), server)
+    errors = token_grpc["errors"][server]
+    check_grpc_outcomes(errors, token_grpc_cases(token_served.config), server)
+    assert errors["token_int64_contents"] == {"code": "OK", "message": "", "same": True, "then_ok": True}
+    with pytest.raises(serving_client.RequestFailed) as refused:  # an image batch to the token model
+        serving_client.infer_v2(url, model, np.zeros((1, 8, 8), np.float32))
+    assert refused.value.status == 400 and "inputs: no input named 'tokens' (got ['images'])" in refused.value.message
+    assert np.array_equal(serving_client.predict_v1(url, model, token_served.batch), expected), server
 
 
 def launch(*args: str) -> subprocess.CompletedProcess[str]:

@@ -10,7 +10,11 @@ image (`rosetta-<env>:cpu`, pipelines/containers.py), its module's command line 
 initializer puts at /mnt/models. The store holds what the runner mounts for a stage (the images hold no code of
 ours): the sources on PYTHONPATH and the finished run's artifacts, so a server runs the code that made its models.
 Written, not hand-kept: the command line, environments and thread pins come from the modules that own them, and
-tests/test_kserve_manifests.py fails when the committed files drift from what this module writes.
+tests/test_kserve_manifests.py fails when the committed files drift from what this module writes. The annotation
+`rosetta.served-models` lists the names the server answers to once the store holds params.yaml's models
+(rosetta_common.serving.served_models: each model and its init twin, DNS-1123 labels, so text_transformer is
+`text-transformer`): the names a client puts in /v2/models/<name>, and KServe's own rule for a TrainedModel's name,
+which the check holds them to.
 
 Why the validation is strict: the API server prunes (or, under kubectl's default --validate=strict, refuses) a
 field its structural schema does not declare, while plain JSON Schema lets any extra field through; so every object
@@ -35,6 +39,8 @@ import yaml
 from pipelines.containers import image_name
 from pipelines.environments import ENVIRONMENTS, REPO_ROOT, thread_environment
 from pipelines.serving import SERVERS
+from rosetta_common.serving import DNS_1123_LABEL, served_models
+from rosetta_common.spec import load_spec
 
 DEPLOY = REPO_ROOT / "deploy" / "kserve"
 SCHEMA = DEPLOY / "schema" / "inferenceservice-v1beta1.json"
@@ -58,6 +64,8 @@ RESOURCES = {"requests": {"cpu": THREADS, "memory": "1Gi"}, "limits": {"cpu": TH
 _LOCAL_ONLY = ("PATH", "VIRTUAL_ENV", "HOME")
 DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")  # KServe's rule for an InferenceService name (<= 63)
 METADATA_FIELDS = {"name", "namespace", "labels", "annotations"}
+PARAMS = REPO_ROOT / "params.yaml"  # whose models the store's finished run holds
+SERVED_MODELS = "rosetta.served-models"  # the annotation: every name the server answers to, comma-separated
 
 
 class ManifestError(ValueError):
@@ -107,6 +115,12 @@ def probe(path: str, **extra: int) -> dict[str, Any]:
     return {"httpGet": {"path": path, "port": HTTP_PORT}, "periodSeconds": PROBE_PERIOD_S, **extra}
 
 
+def served_names(params: Path = PARAMS) -> list[str]:
+    """Every name a server answers to on the store of params.yaml's run: each model's served name and its init
+    twin's (rosetta_common.serving.served_models, the one list every server, client and check uses)."""
+    return served_models(load_spec(params).models)
+
+
 def manifest(server: str) -> dict[str, Any]:
     """The InferenceService of one server of SERVERS."""
     env, module = SERVERS[server]
@@ -136,7 +150,8 @@ def manifest(server: str) -> dict[str, Any]:
         "metadata": {
             "name": f"rosetta-{server}",
             "labels": {"app.kubernetes.io/part-of": "rosetta", "rosetta.environment": env},
-            "annotations": {"serving.kserve.io/deploymentMode": DEPLOYMENT_MODE},
+            "annotations": {"serving.kserve.io/deploymentMode": DEPLOYMENT_MODE,
+                            SERVED_MODELS: ", ".join(served_names())},
         },
         # One replica: the models are small, and results must not depend on which pod answered (all are the same).
         "spec": {"predictor": {"minReplicas": 1, "maxReplicas": 1, "containers": [container]}},
@@ -201,6 +216,12 @@ def problems(document: Mapping[str, Any], schema: Mapping[str, Any]) -> list[str
             values = metadata.get(field, {})
             if not isinstance(values, dict) or not all(isinstance(v, str) for v in values.values()):
                 found.append(f".metadata.{field}: {values!r}; allowed: a map of strings to strings")
+        served = metadata.get("annotations", {}).get(SERVED_MODELS) if isinstance(metadata.get("annotations"),
+                                                                                  dict) else None
+        for name in (served.split(", ") if isinstance(served, str) else []):
+            if len(name) > 63 or not DNS_1123_LABEL.fullmatch(name):
+                found.append(f".metadata.annotations.{SERVED_MODELS}: {name!r} is not a model name KServe takes; "
+                             "allowed: DNS-1123 labels (a-z, 0-9, '-' inside, at most 63)")
     return found
 
 

@@ -1,12 +1,15 @@
-"""Served logits (the serve stage's artifacts/served/): each model server's answers to the validation batch, through
-V1 REST, V2 REST and V2 gRPC, against the same export's logits computed in process, and the servers' metadata.
+"""Served logits (the serve stage's artifacts/served/): each model server's answers to each model's validation batch
+(images, or the token model's ids), through V1 REST, V2 REST and V2 gRPC, against the same export's logits computed
+in process, and the servers' metadata. A model is looked up by its served name (rosetta_common.serving.served_name:
+text_transformer is served as text-transformer); its checks are recorded under its architecture, as every check.
 
 The rules, each stated before it was measured:
-- a framework's server (torch, tf, jax) runs the very export train_export reloaded and ran on the same float32
-  batch (torch: model.pt2, tf: the SavedModel, jax: the jax.export artifact), with the same thread count and
-  instruction-set pins (the runner's stage environment), the whole batch in one request as train_export ran it;
-  the transports carry every bit (V1 and V2 REST: each float32 as the shortest decimal of the float64 that holds
-  it exactly, which parses back to that float64 and so to the same float32; gRPC: raw little-endian float32). So
+- a framework's server (torch, tf, jax) runs the very export train_export reloaded and ran on the same batch
+  (float32 images or int64 token ids; torch: model.pt2, tf: the SavedModel, jax: the jax.export artifact), with the
+  same thread count and instruction-set pins (the runner's stage environment), the whole batch in one request as
+  train_export ran it; the transports carry every bit (V1 and V2 REST: each float32 as the shortest decimal of the
+  float64 that holds it exactly, which parses back to that float64 and so to the same float32, each token id as a
+  JSON integer; gRPC: raw little-endian float32 or int64). So
   the served logits must equal native_outputs.npz's record of that export (`inference_<format>_batch_runs[0]`)
   bit for bit: tolerance 0 (`served_native_vs_in_process_<protocol>`);
 - the ONNX server runs `onnx_from`'s model.onnx in a session opened as this stage opens its own
@@ -16,10 +19,11 @@ The rules, each stated before it was measured:
   the two exports of one trained model, each within its own bound of the in-memory model (onnx_vs_native's,
   native_roundtrip's), so within the sum of the two bounds at the largest logit;
 - every model's V2 metadata is the same on every server, over REST and over gRPC, and says what the ONNX
-  conventions and the prepared data say: input "images" FP32 [-1, height, width], output "logits" FP32
-  [-1, classes] (`served_metadata_identical`);
-- the folder is what the serve stage published for this batch: index.json readable, every file with the sha256
-  it records and no other, the batch's sha256 equal to this stage's batch, every model's array and its init
+  conventions and the prepared data say: input "images" FP32 [-1, height, width] (the token model: "tokens" INT64
+  [-1, -1], the batch and the length variable), output "logits" FP32 [-1, classes] (`served_metadata_identical`);
+- the folder is what the serve stage published for these batches: index.json readable, every file with the sha256
+  it records and no other, the model's batch recorded with the sha256 of this stage's batch of that model
+  (rosetta_common.serving.batch_sha256: images as float32, token ids as int64), every model's array and its init
   twin's in every server's file, float32 (batch, classes) (`served_readable`).
 
 Beside every model each server serves `<model>-init` (rosetta_common.serving.init_name): the model of the shared
@@ -65,6 +69,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,12 +80,11 @@ from pipelines.checks import ledger as names
 from pipelines.checks.exports import onnx_tolerance
 from pipelines.checks.ledger import Ledger
 from pipelines.checks.sessions import run_onnx
-from rosetta_common.data import batch_sha256
 from rosetta_common.io import sha256
 from rosetta_common.metrics import max_abs_diff
-from rosetta_common.onnx_conventions import INPUT_NAME, OUTPUT_NAME
+from rosetta_common.onnx_conventions import INPUT_NAME, OUTPUT_NAME, TOKENS_NAME
 from rosetta_common.reference import forward
-from rosetta_common.serving import SERVED_FORMAT, init_name
+from rosetta_common.serving import SERVED_FORMAT, batch_kind, batch_sha256, init_name, served_name
 from rosetta_common.spec import ModelConfig, Spec
 from rosetta_common.weights import load_weights
 
@@ -110,9 +114,18 @@ class Served:
     def onnx_from(self) -> str | None:
         return self.index.get("onnx_from")
 
+    def batch_of(self, name: str) -> tuple[str, dict[str, Any]] | None:
+        """(kind, record) of the batch index.json says `name` (a served name) was sent, or None."""
+        for kind, record in self.index.get("batches", {}).items():
+            if name in record["models"]:
+                return kind, record
+        return None
 
-def read_served(batch: np.ndarray) -> Served:
-    """The served folder, checked as a whole (index, hashes, batch); what it holds, loaded."""
+
+def read_served(batches: np.ndarray | Mapping[str, np.ndarray] | None = None) -> Served:
+    """The served folder, checked as a whole (index, hashes, and each batch given: an array, or kind -> array, each
+    against index.json's record of its kind); what it holds, loaded. Each model's own batch is checked again by
+    serving_checks, which has it."""
     served = Served()
     root, index_path = paths.SERVED, paths.SERVED_INDEX
     if paths.SERVED_OFF.is_file() and not index_path.exists():
@@ -125,17 +138,23 @@ def read_served(batch: np.ndarray) -> Served:
     try:
         served.index = json.loads(index_path.read_text())
         recorded = served.index["sha256"]
-        servers, recorded_batch = served.index["servers"], served.index["batch"]["sha256"]
+        servers, recorded_batches = served.index["servers"], served.index["batches"]
         if not isinstance(recorded, dict) or not isinstance(servers, dict) or not servers:
             raise TypeError("sha256 must be an object, servers a non-empty one")
+        if not isinstance(recorded_batches, dict) or not all(
+                isinstance(b, dict) and isinstance(b.get("sha256"), str) and isinstance(b.get("models"), list)
+                for b in recorded_batches.values()):
+            raise TypeError("batches must be an object of {sha256, models, ...} records")
     except (OSError, ValueError, KeyError, TypeError) as error:
         served.index = {}
         served.problems.append(f"{index_path}: unreadable ({type(error).__name__}: {error}); the serve stage "
                                "writes it")
         return served
-    if recorded_batch != batch_sha256(batch):
-        served.problems.append(f"{index_path}: served another batch (its sha256 differs from this stage's "
-                               "validation batch of export.validation_batch_size)")
+    given = {} if batches is None else {batch_kind(batches): batches} if isinstance(batches, np.ndarray) else batches
+    for kind, batch in given.items():
+        if kind in recorded_batches and recorded_batches[kind]["sha256"] != batch_sha256(batch):
+            served.problems.append(f"{index_path}: served another {kind} batch (its sha256 differs from this "
+                                   "stage's validation batch of export.validation_batch_size)")
     present = {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()} - {index_path.name}
     for rel in sorted(present - set(recorded)):
         served.problems.append(f"{root / rel}: not among the files index.json records")
@@ -160,13 +179,22 @@ def read_served(batch: np.ndarray) -> Served:
     return served
 
 
-def model_problems(served: Served, arch: str, shape: tuple[int, int]) -> list[str]:
-    """What keeps one model's served answers from being judged: the folder's problems, or its own."""
+def model_problems(served: Served, arch: str, batch: np.ndarray, shape: tuple[int, int]) -> list[str]:
+    """What keeps one model's served answers from being judged: the folder's problems, or its own (its batch not
+    the one index.json records it was sent, an array or its metadata missing or malformed)."""
     if served.problems:
         return served.problems
     problems = []
+    for name in (served_name(arch), init_name(arch)):
+        sent = served.batch_of(name)
+        if sent is None:
+            problems.append(f"{paths.SERVED_INDEX}: records no batch sent to {name}")
+        elif sent[0] != batch_kind(batch) or sent[1]["sha256"] != batch_sha256(batch):
+            problems.append(f"{paths.SERVED_INDEX}: {name} was served another batch ({sent[0]}, sha256 "
+                            f"{sent[1]['sha256'][:12]}...) than this stage's validation batch of "
+                            f"export.validation_batch_size ({batch_kind(batch)}, {batch_sha256(batch)[:12]}...)")
     for server in served.servers:
-        for name in (arch, init_name(arch)):
+        for name in (served_name(arch), init_name(arch)):
             for protocol in paths.SERVED_PROTOCOLS:
                 where = f"{paths.served_logits(server, protocol)}: {name}"
                 found = served.logits.get(server, {}).get(protocol, {}).get(name)
@@ -189,10 +217,14 @@ def bitwise(found: np.ndarray, expected: np.ndarray) -> tuple[float, int]:
 
 
 def expected_metadata(name: str, config: ModelConfig) -> dict[str, Any]:
-    """The V2 inputs and outputs every server must describe (rosetta_common.serving.Signature's form)."""
-    height, width = config.image_shape
-    return {"name": name,
-            "inputs": [{"name": INPUT_NAME, "datatype": "FP32", "shape": [-1, height, width]}],
+    """The V2 inputs and outputs every server must describe (rosetta_common.serving.Signature's form): images FP32
+    [-1, height, width], or token ids INT64 [-1, -1] (the batch and the length variable); logits FP32."""
+    if config.input.kind == "tokens":
+        inputs = [{"name": TOKENS_NAME, "datatype": "INT64", "shape": [-1, -1]}]
+    else:
+        height, width = config.input.shape
+        inputs = [{"name": INPUT_NAME, "datatype": "FP32", "shape": [-1, height, width]}]
+    return {"name": name, "inputs": inputs,
             "outputs": [{"name": OUTPUT_NAME, "datatype": "FP32", "shape": [-1, config.num_classes]}]}
 
 
@@ -201,8 +233,8 @@ def metadata_problems(served: Served, arch: str, config: ModelConfig) -> list[st
     over the same protocol, or whose name, inputs or outputs differ from what the run's data say; and every one
     whose init twin's metadata is not its `arch`'s but for the name."""
     problems = []
-    first = served.servers[0]
-    for name in (arch, init_name(arch)):
+    first, trained_name = served.servers[0], served_name(arch)
+    for name in (trained_name, init_name(arch)):
         expected = expected_metadata(name, config)
         for protocol in ("rest", "grpc"):
             reference = served.metadata[first][name].get(protocol)
@@ -218,10 +250,10 @@ def metadata_problems(served: Served, arch: str, config: ModelConfig) -> list[st
                 if wrong:
                     problems.append(f"{server} {protocol} {name}: {json.dumps(wrong, sort_keys=True)}, expected "
                                     f"{json.dumps({k: expected[k] for k in wrong}, sort_keys=True)}")
-                trained = served.metadata[server][arch].get(protocol)
-                if name != arch and isinstance(trained, dict) and {**found, "name": arch} != trained:
+                trained = served.metadata[server][trained_name].get(protocol)
+                if name != trained_name and isinstance(trained, dict) and {**found, "name": trained_name} != trained:
                     problems.append(f"{server} {protocol} {name}: {json.dumps(found, sort_keys=True)} is not "
-                                    f"{arch}'s {json.dumps(trained, sort_keys=True)} but for the name")
+                                    f"{trained_name}'s {json.dumps(trained, sort_keys=True)} but for the name")
     return problems
 
 
@@ -239,13 +271,14 @@ def serving_checks(spec: Spec, ledger: Ledger, arch: str, runs: dict[str, dict[s
     tol = spec.tolerances
     record: dict[str, Any] = {"model": arch, "onnx_from": served.onnx_from, "servers": {}, "onnx_vs_native": {},
                               "across_frameworks": {}}
-    problems = model_problems(served, arch, (len(batch), config.num_classes))
+    problems = model_problems(served, arch, batch, (len(batch), config.num_classes))
     ledger.add(arch, METADATA_SUBJECT, names.SERVED_READABLE, float(len(problems)), 0.0, not problems,
                "; ".join(problems[:3]))
     if problems:
         record["problems"] = problems
         return record
-    logits = {server: {protocol: served.logits[server][protocol][arch] for protocol in paths.SERVED_PROTOCOLS}
+    name = served_name(arch)
+    logits = {server: {protocol: served.logits[server][protocol][name] for protocol in paths.SERVED_PROTOCOLS}
               for server in served.servers}
 
     def judge(server: str, subject: str, check: str, expected: np.ndarray, what: str) -> None:
@@ -290,7 +323,7 @@ def serving_checks(spec: Spec, ledger: Ledger, arch: str, runs: dict[str, dict[s
     problems = metadata_problems(served, arch, config)
     ledger.add(arch, METADATA_SUBJECT, names.SERVED_METADATA_IDENTICAL, float(len(problems)), 0.0, not problems,
                "; ".join(problems[:3]) or f"the same on {', '.join(served.servers)}, over REST and gRPC, "
-                                           f"{init_name(arch)}'s {arch}'s but for the name")
+                                           f"{init_name(arch)}'s {name}'s but for the name")
     record["init"] = init_checks(spec, ledger, arch, runs, batch, config, served)
     # Figures only (see the module's docstring): the framework servers pairwise, the worst protocol.
     frameworks = [s for s in served.servers if s != ONNX_SERVER]

@@ -10,14 +10,18 @@ ports, waits until every one answers V2 readiness for every model (within READY_
 (`--client`, in the validation environment: gRPC needs KServe's stubs and grpcio, which the orchestrator lacks),
 stops the servers and publishes `artifacts/served/` whole: per server and protocol the logits of the validation
 batch (<server>/<protocol>.npz), each server's metadata (<server>/metadata.json) and index.json (what was served,
-the batch's sha256, the sha256 of every file). Every server serves each model twice: `<model>`, the trained
-export, and `<model>-init`, its framework's model of the shared canonical init weights (rosetta_common.serving's
-served_models, the one list of served names), whose answers validate holds to the forward-parity tolerance across
-servers. A server that cannot start, is not ready in time or dies is one `error:` line naming it, and nothing
-is published (a previous output stays as it was).
+each batch's sha256 and the models it was sent to, the sha256 of every file). Every server serves each model twice:
+`<model>`, the trained export, and `<model>-init`, its framework's model of the shared canonical init weights,
+each under its served name (rosetta_common.serving's served_models, the one list of served names: text_transformer
+is served as text-transformer, a DNS-1123 label as KServe's names are), whose answers validate holds to the
+forward-parity tolerance across servers. A server that cannot start, is not ready in time or dies is one `error:`
+line naming it, and nothing is published (a previous output stays as it was).
 
-The batch is train_export's own (Dataset.validation_batch of export.validation_batch_size), so validate can
-compare every answer with the logits native_outputs.npz recorded in process. Ports, pids and timings never enter
+Each model gets its own validation batch, train_export's own: `load_for(model).validation_batch(
+export.validation_batch_size)`, the first test images for an image model, the first test rows of token ids (int64,
+padded) for the token model; so validate can compare every answer with the logits native_outputs.npz recorded in
+process. index.json records each batch's shape, dtype and sha256 (rosetta_common.serving.batch_sha256: images as
+float32, as always, token ids as int64) and the served names it was sent to. Ports, pids and timings never enter
 the output, which is byte for byte the same on every run; startup and per-request seconds go to
 measurements/stages/serve.json.
 
@@ -50,9 +54,9 @@ import numpy as np
 
 from pipelines import measurements, paths, serving, serving_containers
 from pipelines.stages import IMPORTS_STARTED, StageError, stage_main
-from rosetta_common.data import batch_sha256, load_prepared
+from rosetta_common.data import Dataset, load_for
 from rosetta_common.io import read_json, scratch_dir, sha256, staged_outputs, write_json
-from rosetta_common.serving import init_name, served_models
+from rosetta_common.serving import batch_sha256, init_name, served_models
 from rosetta_common.spec import Spec, load_spec
 
 CLIENT_MODULE = "pipelines.stages.serve_client"
@@ -134,8 +138,30 @@ def warn_unclean(servers: list[serving.Server] | list[serving_containers.ServerC
                   f"(SIGTERM); {server.last_words()}", file=sys.stderr, flush=True)
 
 
-def index(spec: Spec, names: list[str], onnx_from: str, batch: np.ndarray, out: Path) -> dict[str, Any]:
-    """index.json: what was served, on which batch, and the sha256 of every other file of the folder."""
+def validation_batches(spec: Spec) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """The batches to send, one per kind of input the models read (images, tokens), and each model's kind: its
+    prepared data's validation batch, train_export's own call (load_for, Dataset.validation_batch)."""
+    cache: dict[str, Dataset] = {}  # each kind of prepared data read once
+    batches: dict[str, np.ndarray] = {}
+    kinds: dict[str, str] = {}
+    for model in spec.models:
+        data = load_for(model, paths.PREPARED, cache)
+        kinds[model] = data.kind
+        if data.kind not in batches:
+            batches[data.kind] = data.validation_batch(spec.export.validation_batch_size)
+    return batches, kinds
+
+
+def batch_records(spec: Spec, batches: dict[str, np.ndarray], kinds: dict[str, str]) -> dict[str, Any]:
+    """index.json's "batches": per kind of input, the batch's shape, dtype and sha256 and the served names (each
+    model and its init twin) it was sent to."""
+    return {kind: {"shape": list(batch.shape), "dtype": str(batch.dtype), "sha256": batch_sha256(batch),
+                   "models": served_models([m for m in spec.models if kinds[m] == kind])}
+            for kind, batch in batches.items()}
+
+
+def index(spec: Spec, names: list[str], onnx_from: str, batches: dict[str, Any], out: Path) -> dict[str, Any]:
+    """index.json: what was served, on which batches, and the sha256 of every other file of the folder."""
     return {
         "servers": {name: {"environment": serving.SERVERS[name][0], "module": serving.SERVERS[name][1],
                            "serves": str(paths.framework_dir(onnx_from if name == "onnx" else name))}
@@ -144,7 +170,7 @@ def index(spec: Spec, names: list[str], onnx_from: str, batch: np.ndarray, out: 
         "models": served_models(spec.models),  # each model, then its canonical-init twin
         "init": str(paths.INIT),
         "protocols": list(paths.SERVED_PROTOCOLS),
-        "batch": {"shape": list(batch.shape), "dtype": "float32", "sha256": batch_sha256(batch)},
+        "batches": batches,
         "sha256": {p.relative_to(out).as_posix(): sha256(p) for p in sorted(out.rglob("*")) if p.is_file()},
     }
 
@@ -171,14 +197,16 @@ class Run:
     names: list[str]
     onnx_from: str
     models: list[str]  # run folders (each server's --models)
-    images: int
+    examples: dict[str, int]  # per kind of input (images, tokens), how many the validation batch holds
     request: dict[str, Any]  # the client's config without "servers"
     scratch: Path
     logs: Path
 
     def announce(self, ready_seconds: float, where: str) -> None:
+        batches = ", ".join(f"{count} {'token rows' if kind == 'tokens' else kind}"
+                            for kind, count in self.examples.items())
         print(f"serve: {', '.join(self.names)} ready in {ready_seconds:.1f} s {where}(onnx serves {self.onnx_from}'s "
-              f"model.onnx); sending the validation batch ({self.images} images) through "
+              f"model.onnx); sending the validation batches ({batches}) through "
               f"{', '.join(paths.SERVED_PROTOCOLS)}", flush=True)
 
     def config(self, servers: dict[str, dict[str, str]]) -> Path:
@@ -243,8 +271,7 @@ def main(argv: list[str]) -> int:
     if runtime not in ("local", "container"):
         raise StageError(f"ROSETTA_RUNTIME={runtime}: not a runtime; allowed: local, container")
     spec = load_spec(paths.PARAMS)
-    data = load_prepared(paths.PREPARED)
-    batch = data.validation_batch(spec.export.validation_batch_size)  # train_export's batch, the same call
+    batches, kinds = validation_batches(spec)  # train_export's batches, the same calls
     names, onnx_from = served_names(spec)
     check_inputs(spec, names, onnx_from)
     clock.lap("inputs")
@@ -254,14 +281,21 @@ def main(argv: list[str]) -> int:
     scratch = Path(tempfile.mkdtemp(prefix="client.", dir=work))
     try:
         with staged_outputs(paths.SERVED) as out:
-            np.save(scratch / "batch.npy", batch)
-            # The client's config but for where the servers are: the one list of models both runtimes ask for.
-            request = {"models": served_models(spec.models), "batch": str(scratch / "batch.npy"),
+            files = {}
+            for kind, batch in batches.items():
+                files[kind] = scratch / f"{kind}.npy"
+                np.save(files[kind], batch)
+            # The client's config but for where the servers are: the one list of models both runtimes ask for, and
+            # the batch each served name is sent (a model and its init twin, the same).
+            request = {"models": served_models(spec.models),
+                       "batches": {name: str(files[kinds[m]]) for m in spec.models for name in served_models([m])},
                        "out": str(out.resolve()), "timings": str(scratch / "timings.json"), "repeats": REPEATS}
+            examples = {kind: len(batch) for kind, batch in batches.items()}
             route = serve_in_containers if runtime == "container" else serve_locally
-            record = route(args.client, Run(names, onnx_from, list(spec.models), len(batch), request, scratch, logs),
+            record = route(args.client, Run(names, onnx_from, list(spec.models), examples, request, scratch, logs),
                            clock)
-            write_json(out / paths.SERVED_INDEX.name, index(spec, names, onnx_from, batch, out))
+            write_json(out / paths.SERVED_INDEX.name,
+                       index(spec, names, onnx_from, batch_records(spec, batches, kinds), out))
         timings = read_json(scratch / "timings.json")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -1,5 +1,5 @@
-"""The serve stage's client: the validation batch through V1 REST, V2 REST and V2 gRPC of every running server,
-for every model, and each model's V2 metadata over REST and gRPC, written where the stage publishes them.
+"""The serve stage's client: each model's validation batch through V1 REST, V2 REST and V2 gRPC of every running
+server, and each model's V2 metadata over REST and gRPC, written where the stage publishes them.
 
     python -m pipelines.runner validation -- python -m pipelines.stages.serve_client <config.json>
 
@@ -8,9 +8,10 @@ never run by DVC itself. It runs in the validation environment because gRPC need
 grpcio, which only the serving environments hold (the orchestrator, which starts and stops the servers, has
 neither); REST goes through the same pipelines.serving_client.
 
-The config (written by the stage): {"servers": {name: {"url": REST base, "grpc": host:port}}, "models": [...],
-"batch": a .npy of the validation batch, "out": the folder being published, "timings": a JSON file outside it,
-"repeats": how many timed requests per model and protocol}. Writes `<out>/<server>/<protocol>.npz` (one float32
+The config (written by the stage): {"servers": {name: {"url": REST base, "grpc": host:port}}, "models": [served
+names], "batches": {served name: a .npy of the validation batch it is sent: float32 images or int64 token ids},
+"out": the folder being published, "timings": a JSON file outside it, "repeats": how many timed requests per model
+and protocol}. Writes `<out>/<server>/<protocol>.npz` (one float32
 array per model, the first answer: np.savez, no pickle) and `<out>/<server>/metadata.json`; request latencies go
 to `timings` (measurements, never into `out`). A request that fails is one line `error: the <server> server:
 <protocol> <model>: ...` and exit 1.
@@ -57,14 +58,15 @@ def timed(call: Any, repeats: int) -> tuple[Any, list[float]]:
     return first, seconds
 
 
-def serve_one(name: str, server: dict[str, str], models: list[str], batch: np.ndarray, out: Path,
+def serve_one(name: str, server: dict[str, str], models: list[str], batches: dict[str, np.ndarray], out: Path,
               repeats: int) -> dict[str, dict[str, list[float]]]:
-    """Every model of one server through every protocol; returns each request's seconds (protocol -> model)."""
+    """Every model of one server through every protocol, each with its own batch (`batches`: served name ->
+    batch); returns each request's seconds (protocol -> model)."""
     stub = serving_client.grpc_stub(server["grpc"])
     senders = {
-        "v1": lambda model: serving_client.predict_v1(server["url"], model, batch),
-        "v2": lambda model: serving_client.infer_v2(server["url"], model, batch),
-        "grpc": lambda model: serving_client.infer_grpc(server["grpc"], model, batch, stub),
+        "v1": lambda model: serving_client.predict_v1(server["url"], model, batches[model]),
+        "v2": lambda model: serving_client.infer_v2(server["url"], model, batches[model]),
+        "grpc": lambda model: serving_client.infer_grpc(server["grpc"], model, batches[model], stub),
     }
     assert tuple(senders) == paths.SERVED_PROTOCOLS
     seconds: dict[str, dict[str, list[float]]] = {}
@@ -103,12 +105,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("config", type=Path, help="written by pipelines/stages/serve.py")
     args = parser.parse_args(argv)
     config = read_json(args.config)
-    batch = np.load(config["batch"], allow_pickle=False)
+    loaded = {path: np.load(path, allow_pickle=False) for path in dict.fromkeys(config["batches"].values())}
+    batches = {model: loaded[config["batches"][model]] for model in config["models"]}
     out = Path(config["out"])
     timings = {}
     try:
         for name, server in config["servers"].items():
-            timings[name] = serve_one(name, server, config["models"], batch, out, int(config["repeats"]))
+            timings[name] = serve_one(name, server, config["models"], batches, out, int(config["repeats"]))
     except ClientError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

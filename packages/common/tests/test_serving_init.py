@@ -4,6 +4,7 @@ tests/test_serving.py and tests/test_serve_stage.py."""
 
 import re
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,14 +12,16 @@ import pytest
 from rosetta_common.errors import ArtifactError
 from rosetta_common.serving import (
     INIT_SUFFIX,
+    find_models,
     init_file,
     init_forward,
     init_name,
     load_init,
     parse_args,
     served_models,
+    served_name,
 )
-from rosetta_common.spec import ModelConfig, Spec
+from rosetta_common.spec import ARCHITECTURES, TOKEN_ARCHITECTURES, ModelConfig, Spec
 from rosetta_common.weights import init_weights, save_weights
 
 DNS_1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")  # KServe's InferenceService and TrainedModel names
@@ -28,6 +31,44 @@ def test_every_model_is_served_with_its_init_twin_right_after_it():
     assert served_models(["mlp", "cnn"]) == ["mlp", "mlp-init", "cnn", "cnn-init"]
     assert all(DNS_1123_LABEL.fullmatch(init_name(model)) for model in Spec().models)
     assert init_name("gru").endswith(INIT_SUFFIX) and "kserve" not in sys.modules
+
+
+def test_every_model_has_a_served_name_that_is_a_dns_label():
+    """KServe's names are DNS-1123 labels: text_transformer is served as text-transformer, its twin as
+    text-transformer-init; an image model's name is its own; every architecture's names are labels."""
+    assert "text_transformer" in ARCHITECTURES
+    assert served_name("text_transformer") == "text-transformer"
+    assert init_name("text_transformer") == "text-transformer-init"
+    assert served_models(["mlp", "text_transformer"]) == ["mlp", "mlp-init", "text-transformer",
+                                                          "text-transformer-init"]
+    names = served_models(ARCHITECTURES)
+    assert len(set(names)) == len(names) == 2 * len(ARCHITECTURES)
+    assert all(DNS_1123_LABEL.fullmatch(name) and len(name) <= 63 for name in names), names
+    assert all(served_name(model) == model for model in ARCHITECTURES if model not in TOKEN_ARCHITECTURES)
+    assert served_name(served_name("text_transformer")) == "text-transformer"  # a served name serves as itself
+    for bad in ("Text", "a.b", "-a", "a" * 60, ""):
+        with pytest.raises(ValueError, match="cannot be served under a DNS-1123 label"):
+            served_name(bad)
+
+
+def test_a_run_folder_is_served_under_its_served_name(tmp_path, capsys):
+    """--models takes the run folder's name or its served name; two folders one served name is refused."""
+    for folder in ("mlp", "text_transformer"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "model.onnx").write_bytes(b"")
+    found = find_models(tmp_path, None, Path("model.onnx"))
+    assert list(found) == ["mlp", "text_transformer"]
+    assert find_models(tmp_path, ["text-transformer", "mlp"], Path("model.onnx")) == {
+        "text_transformer": tmp_path / "text_transformer", "mlp": tmp_path / "mlp"}
+    (tmp_path / "text-transformer").mkdir()
+    (tmp_path / "text-transformer" / "model.onnx").write_bytes(b"")
+    with pytest.raises(SystemExit, match="run folders text-transformer and text_transformer would both be served "
+                                         "as 'text-transformer'"):
+        find_models(tmp_path, None, Path("model.onnx"))
+    (tmp_path / "Bad").mkdir()
+    (tmp_path / "Bad" / "model.onnx").write_bytes(b"")
+    with pytest.raises(SystemExit, match="model 'Bad': cannot be served"):
+        find_models(tmp_path, ["Bad"], Path("model.onnx"))
 
 
 def test_the_init_flag_names_a_folder(tmp_path, capsys):
