@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from rosetta_common.spec import Spec, SpecError, load_spec, parse_spec
+from rosetta_common.spec import ARCHITECTURES, Spec, SpecError, load_spec, parse_spec
 from rosetta_common.training import plan
 
 REPO = Path(__file__).resolve().parents[3]
@@ -37,6 +37,8 @@ def test_learning_rate_per_model_or_one_number():
         ),
         ({"train": {"epochs": 0}}, "train.epochs = 0: Input should be greater than 0"),
         ({"train": {"epochs": "ten"}}, "train.epochs = 'ten': Input should be a valid integer"),
+        ({"train": {"epochs": {"mlp": 3}}}, "train.epochs = {'mlp': 3}: gives no epochs for cnn, attention"),
+        ({"train": {"epochs": {"vgg": 3}}}, "train.epochs = {'vgg': 3}: unknown model 'vgg'"),
         ({"train": {"optimizer": "rmsprop"}}, "train.optimizer = 'rmsprop': Input should be 'adam' or 'sgd'"),
         ({"data": {"source": "idx"}}, "data.idx_dir = None: required when data.source is 'idx'"),
         (
@@ -62,6 +64,15 @@ def test_bad_values_give_one_line_naming_field_value_and_allowed(raw, expected):
     assert "\n" not in message
     assert message.startswith("params.yaml: ")
     assert expected in message
+
+
+def test_epochs_per_model_or_one_number():
+    per_model = {a: 10 for a in ARCHITECTURES} | {"text_transformer": 3}
+    spec = parse_spec({"train": {"epochs": per_model}})
+    assert spec.epochs("mlp") == 10 and spec.epochs("text_transformer") == 3
+    assert plan(spec, "text_transformer", 1000).num_steps == 3 * (1000 // 32)
+    assert plan(spec, "cnn", 1000).num_steps == 10 * (1000 // 32)
+    assert parse_spec({"train": {"epochs": 4}}).epochs("gru") == 4
 
 
 def test_missing_and_malformed_files(tmp_path):

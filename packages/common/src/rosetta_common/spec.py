@@ -266,7 +266,8 @@ class OptimizersSpec(_Section):
 
 
 class TrainSpec(_Section):
-    epochs: PositiveInt = 10
+    # One number, or one per model (a small text model overfits long before an image model has converged).
+    epochs: Annotated[PositiveInt | dict[Architecture, PositiveInt], BeforeValidator(_known_models)] = 10
     batch_size: PositiveInt = 32
     optimizer: Literal["adam", "sgd"] = "adam"
 
@@ -447,6 +448,15 @@ class Spec(_Section):
         return self
 
     @model_validator(mode="after")
+    def _epochs_for_every_model(self) -> Spec:
+        epochs = self.train.epochs
+        missing = [m for m in self.models if isinstance(epochs, dict) and m not in epochs]
+        if missing:
+            raise ValueError(f"train.epochs = {epochs}: gives no epochs for {', '.join(missing)} "
+                             "(give one number, or one per model)")
+        return self
+
+    @model_validator(mode="after")
     def _learning_rate_for_every_model(self) -> Spec:
         for name in ("adam", "sgd"):
             rate = getattr(self.optimizers, name).learning_rate
@@ -491,6 +501,11 @@ class Spec(_Section):
         """The chosen optimizer's settings (its learning_rate may be per model: rosetta_common.training.plan
         resolves it)."""
         return getattr(self.optimizers, self.train.optimizer)
+
+    def epochs(self, arch: str) -> int:
+        """The epochs `arch` trains for (validated: every listed model has them)."""
+        epochs = self.train.epochs
+        return int(epochs[arch] if isinstance(epochs, dict) else epochs)
 
     def learning_rate(self, arch: str) -> float:
         """The chosen optimizer's learning rate for `arch` (validated: every listed model has one)."""

@@ -58,11 +58,11 @@ class TrainPlan:
 
 
 def plan(spec: Spec, arch: str, num_samples: int) -> TrainPlan:
-    """The one place a learning rate given per model ({mlp: 3e-3, ...}) is resolved to a number."""
+    """The one place a learning rate or epochs given per model ({mlp: 3e-3, ...}) are resolved to numbers."""
     chosen = spec.optimizer
     optimizer = chosen.model_copy(update={"learning_rate": spec.learning_rate(arch)})
     epoch_batches(num_samples, spec.train.batch_size, spec.seed, 0)  # raises SpecError if the batch is too large
-    return TrainPlan(arch=arch, optimizer=optimizer, epochs=spec.train.epochs, batch_size=spec.train.batch_size,
+    return TrainPlan(arch=arch, optimizer=optimizer, epochs=spec.epochs(arch), batch_size=spec.train.batch_size,
                      seed=spec.seed, num_samples=int(num_samples))
 
 
