@@ -1,7 +1,8 @@
 """Each architecture's definition as written in each framework package, read from source at report time
 (with `ast`, never by importing the package: the report has no framework), so it cannot drift from the code.
 
-For an architecture we pick the top-level class or function named after it (`MLP`, `mlp`), else the one
+For an architecture we pick the top-level class or function named after it (`MLP`, `mlp`; `TextTransformer` for
+`text_transformer`: case and underscores aside), else the one
 whose name contains it and that no other such candidate uses (`AttentionClassifier`, not `SelfAttention`),
 and add the module's own classes and functions it uses, transitively, in source order. When nothing
 matches, or the file does not parse, the whole models.py is shown: better too much than nothing.
@@ -52,11 +53,16 @@ def _closure(name: str, known: dict[str, Definition]) -> set[str]:
     return seen
 
 
+def _folded(name: str) -> str:
+    """A name as compared with an architecture's: case and underscores ignored (TextTransformer, text_transformer)."""
+    return name.lower().replace("_", "")
+
+
 def pick_root(arch: str, known: dict[str, Definition]) -> str | None:
-    exact = [name for name in known if name.lower() == arch.lower()]
+    exact = [name for name in known if _folded(name) == _folded(arch)]
     if exact:
         return exact[0]
-    candidates = [name for name in known if arch.lower() in name.lower()]
+    candidates = [name for name in known if _folded(arch) in _folded(name)]
     closures = {name: _closure(name, known) for name in candidates}
     # Drop candidates that another candidate uses (SelfAttention inside AttentionClassifier).
     roots = [n for n in candidates if not any(n in closures[o] for o in candidates if o != n)] or candidates
