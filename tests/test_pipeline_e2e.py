@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from pipelines import measurements, paths
-from rosetta_common.spec import ModelConfig, parse_spec
+from rosetta_common.spec import TOKEN_ARCHITECTURES, ModelConfig, parse_spec
 from rosetta_common.weights import canonical_shapes, is_statistic
 from support import MODELS, TINY, VALIDATE, TinyRun, ran_stages, sh
 
@@ -46,7 +46,11 @@ def test_first_repro_runs_every_stage(tiny_pipeline: TinyRun) -> None:
 
 def has_batchnorm(model: str) -> bool:
     """Whether the model's canonical layout (TINY params, digits' 8x8 images) holds BatchNorm statistics."""
-    config = ModelConfig.of(parse_spec(TINY), model, (8, 8), 10)
+    if model in TOKEN_ARCHITECTURES:
+        spec = parse_spec(TINY)
+        config = ModelConfig.of_tokens(spec, model, spec.data.text.vocab_size, spec.data.text.max_length, 2)
+    else:
+        config = ModelConfig.of(parse_spec(TINY), model, (8, 8), 10)
     return any(is_statistic(name) for name in canonical_shapes(config))
 
 
@@ -132,15 +136,16 @@ def test_artifacts_and_measurements_are_laid_out(tiny_pipeline: TinyRun) -> None
             assert metrics["final_train_loss"] == log["epoch_losses"][-1]
             with np.load(run / "native_outputs.npz", allow_pickle=False) as outputs:
                 batch = TINY["export"]["validation_batch_size"]
-                assert outputs["validation_logits"].shape == (batch, 10)
-                assert outputs["init_validation_logits"].shape == (batch, 10)
+                classes = 2 if m in TOKEN_ARCHITECTURES else 10  # fresh / rotten, or the ten digits
+                assert outputs["validation_logits"].shape == (batch, classes)
+                assert outputs["init_validation_logits"].shape == (batch, classes)
                 # the validation batch is the first test images (to float32 rounding: kernels vary with batch size)
                 test_logits = outputs["test_logits"]
                 np.testing.assert_allclose(test_logits[:batch], outputs["validation_logits"], rtol=0, atol=1e-4)
                 for fmt in record["native_roundtrip_max_abs"]:  # each native format's inference-mode record
                     runs, alone = paths.native_inference_keys(fmt)
-                    assert outputs[runs].shape == (2, batch, 10), (m, f, fmt)
-                    assert outputs[alone].shape == (min(paths.NATIVE_ALONE, batch), 10), (m, f, fmt)
+                    assert outputs[runs].shape == (2, batch, classes), (m, f, fmt)
+                    assert outputs[alone].shape == (min(paths.NATIVE_ALONE, batch), classes), (m, f, fmt)
             timings = json.loads((root / measurements.record_path(m, f)).read_text())
             assert timings["stage"] == f"train_export@{f}"
             assert timings["train"]["train_seconds"] > 0
