@@ -71,6 +71,8 @@ def native_outputs(model: str, framework: str) -> Path:
 
 # A run folder's taps (rosetta_common.taps) of the validation batch: "init/<tap>" and "trained/<tap>".
 TAPS_FILE = "taps.npz"
+# Each run's state at tolerances.lockstep_checkpoints: "step<s>/<canonical name>" and "step<s>/validation_logits".
+CHECKPOINTS_FILE = "checkpoints.npz"
 TAP_KINDS = ("init", "trained")
 
 

@@ -37,6 +37,11 @@ TRAIN_LOCKSTEP_LOSS_REL = "train_lockstep_loss_rel"
 TEST_LOSS_REL = "test_loss_rel"
 TEST_ACCURACY_POINTS = "test_accuracy_points"
 PREDICTION_DISAGREEMENT = "prediction_disagreement"
+# Pairs' whole state at the lockstep checkpoints (pipelines/checks/lockstep.py), every model, float32 bound.
+CHECKPOINTS_READABLE = "checkpoints_readable"
+LOCKSTEP_WEIGHTS_REL = "lockstep_weights_rel"
+LOCKSTEP_RUNNING_STATS_REL = "lockstep_running_stats_rel"
+LOCKSTEP_LOGITS_REL = "lockstep_logits_rel"
 REPLICATES_READABLE = "replicates_readable"  # the one-ulp replicates of a run (pipelines/checks/replicates.py)
 RUNNING_STATISTICS = ("running_mean", "running_var")  # BatchNorm's, each judged as "<statistic>_rel"
 # The end-of-training checks of a pair of frameworks' trained models: a mistake that changes no init forward and

@@ -133,7 +133,9 @@ def sections(inputs: Inputs, variant: str) -> list[Section]:
             "Forward parity: each framework's init.onnx (the shared initial weights) under ONNX Runtime, pairwise "
             "and against the float64 numpy reference, max abs difference over several batch sizes. Training "
             "parity: the same training run in each framework, compared pair by pair; each figure with the "
-            "tolerance it was judged against (params.yaml tolerances). Models with BatchNorm: its running mean "
+            "tolerance it was judged against (params.yaml tolerances). Lockstep checkpoints: every weight, running "
+            "statistic and eval logit of each pair after the first steps, at a float32 bound for every model. "
+            "Models with BatchNorm: its running mean "
             "and variance after training, pair by pair, from the trained canonical weights. Once two runs part "
             "(the parting step), their end-of-training figures are judged against the spread of each framework's "
             "one-ulp replicates (the strip plots).",
@@ -141,7 +143,7 @@ def sections(inputs: Inputs, variant: str) -> list[Section]:
                 Group(
                     m,
                     [tables.forward_parity(matrices[m]), tables.training_parity(inputs, m),
-                     *_present(tables.running_statistics(inputs, m))],
+                     *_present(tables.lockstep(inputs, m)), *_present(tables.running_statistics(inputs, m))],
                     _figure(figures.parity_heatmap(m, matrices[m]), f"{m} forward parity heat map")
                     + _figure(figures.running_statistics(m, statistics[m],
                                                          analysis.trained_tolerances(inputs, m).running_stats_rel),

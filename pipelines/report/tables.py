@@ -180,6 +180,34 @@ def training_parity(inputs: Inputs, model: str) -> Table:
     return Table("Training parity", columns, rows, note=note, empty="No training-parity figures.")
 
 
+def lockstep(inputs: Inputs, model: str) -> Table | None:
+    """Each pair's whole state at the lockstep checkpoints (validation.json's "lockstep"): per checkpoint step the
+    worst tensor of the weights, of BatchNorm's running statistics and the eval logits, against one bound."""
+    records = [r for r in (inputs.validation or {}).get("lockstep", []) if r.get("model") == model]
+    if not records:
+        return None
+    kinds = ("weights", "running_statistics", "logits")
+    rows = []
+    for record in records:
+        tolerance = record["tolerance"]
+        for point in record["checkpoints"]:
+            cells = [text(record["frameworks"]), cell(point["step"], "int")]
+            for kind in kinds:
+                if kind not in point:
+                    cells.append(text(MISSING))
+                    continue
+                value, failed = point[kind]["max_rel"], point[kind]["max_rel"] > tolerance
+                cells.append(cell(value, "sci", sub=point[kind]["where"] + (" ✗" if failed else ""), failed=failed))
+            rows.append(Row(cells))
+    columns = _columns("pair", "after step", "weights, max rel", "running statistics, max rel", "logits, max rel",
+                       left=(0,))
+    note = (f"While the runs are in lockstep, every pair's whole state after these steps (train_export's "
+            f"checkpoints.npz): each tensor's max |a - b| over its largest magnitude, the worst tensor named; the "
+            f"eval-mode logits of the validation batch likewise. Bound {fmt(records[0]['tolerance'])} "
+            "(params.yaml tolerances.lockstep_state_rel), every model.")
+    return Table("Lockstep checkpoints", columns, rows, note=note)
+
+
 def data_parallel(inputs: Inputs) -> Table:
     figures = analysis.data_parallel(inputs)
     rows = [Row([text(fig["model"]), text(fig["pair"]), cell(fig["workers"], "int"),

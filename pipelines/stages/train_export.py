@@ -39,6 +39,7 @@ from pipelines.stages.common import (
     steady_samples_per_second,
 )
 from rosetta_common.data import Dataset
+from rosetta_common.errors import TrainingError
 from rosetta_common.interface import TrainResult
 from rosetta_common.io import read_json, sha256, staged_outputs, write_json
 from rosetta_common.metrics import accuracy, max_abs_diff, softmax_cross_entropy
@@ -82,6 +83,28 @@ def train_replicates(backend: ModuleType, spec: Spec, job: Job, data: Dataset, o
                                          "replicates": runs})
     with open(out / "replicates.npz", "wb") as f:
         np.savez(f, test_predictions=np.stack(predictions), **{k: np.stack(v) for k, v in statistics.items()})
+
+
+def record_checkpoints(backend: ModuleType, spec: Spec, job: Job, data: Dataset, batch: np.ndarray,
+                       result: TrainResult, out: Path, where: str) -> None:
+    """The run's state at each of tolerances.lockstep_checkpoints, for the validator's strict lockstep checks:
+    the same training stopped after that step (TrainPlan.truncated: the same batches and masks, from the same
+    seed), its canonical weights (BatchNorm's running statistics among them) and eval-mode logits of the
+    validation batch, as checkpoints.npz. Its step losses must be the run's first ones bit for bit, else the
+    state is not the run's and nothing is published. A loop with a hook in each package would save the retraining
+    (a few dozen steps per model); this keeps the packages' one contract, train(model, plan, data)."""
+    arrays: dict[str, np.ndarray] = {}
+    for step in spec.tolerances.lockstep_checkpoints:
+        backend.configure(spec.seed)  # as the run itself started
+        model = backend.build(job.config, job.init)
+        partial = backend.train(model, job.plan.truncated(step), data)
+        if list(partial.step_losses) != list(result.step_losses[:step]):
+            raise TrainingError(f"{where}: stopped after step {step}, training gave other losses than the run's "
+                                f"first {step}: its state is not the run's")
+        arrays |= {f"step{step}/{name}": value for name, value in backend.to_canonical(model).items()}
+        arrays[f"step{step}/validation_logits"] = backend.predict(model, batch)
+    with open(out / paths.CHECKPOINTS_FILE, "wb") as f:
+        np.savez(f, **arrays)
 
 
 def export(backend: ModuleType, job: Job, model: Any, batch: np.ndarray, out: Path,
@@ -197,6 +220,8 @@ def run_model(backend: ModuleType, spec: Spec, job: Job, data: Dataset, clock: m
             model, result = train(backend, job, data, out, where)
         with clock.phase(f"{arch}.replicates"):
             train_replicates(backend, spec, job, data, out, where)
+        with clock.phase(f"{arch}.checkpoints"):
+            record_checkpoints(backend, spec, job, data, batch, result, out, where)
         initial, exported = export(backend, job, model, batch, out, clock)
         with clock.phase(f"{arch}.outputs"):
             record_outputs(backend, job, model, initial, data, batch, out)

@@ -9,7 +9,8 @@ Checks, each with an explicit tolerance from params.yaml:
 - per model: the float64 numpy reference forward vs every init.onnx; every pair of frameworks' init.onnx
   on random inputs at several batch sizes (forward parity);
 - per model and pair of frameworks: training parity, strict while the runs are in lockstep (step-1 loss, every
-  step of the lockstep window), and at the end of training (test loss, test accuracy, prediction disagreement,
+  step of the lockstep window; every weight, running statistic and eval logit at the lockstep checkpoints,
+  pipelines/checks/lockstep.py), and at the end of training (test loss, test accuracy, prediction disagreement,
   and for a model with BatchNorm its running mean and variance) within the float32 bound, or once the runs part
   against the measured null of each framework's one-ulp replicates (pipelines/checks/replicates.py, Holm over
   the run); the step where they part, the first epoch's losses and the final weight difference as figures;
@@ -36,6 +37,7 @@ from pipelines.checks.exports import check_framework
 from pipelines.checks.forward import forward_parity, trained_weights_vs_native
 from pipelines.checks.integrity import intact
 from pipelines.checks.ledger import ARTIFACTS_READABLE, Ledger
+from pipelines.checks.lockstep import lockstep_checkpoints
 from pipelines.checks.parity import running_statistics, training_parity
 from pipelines.checks.replicates import read_replicates, replicate_figures
 from pipelines.checks.serving import read_served, serving_checks
@@ -59,6 +61,7 @@ def main(argv: list[str]) -> int:
     ledger = Ledger()
     parity: list[dict[str, Any]] = []
     statistics: list[dict[str, Any]] = []
+    lockstep: list[dict[str, Any]] = []
     tap_records: list[dict[str, Any]] = []
     served = read_served(image_batch)  # the serve stage's folder, checked as a whole once
     serving: list[dict[str, Any]] = []
@@ -85,6 +88,7 @@ def main(argv: list[str]) -> int:
                      for fw, run in runs.items()]
         forward_parity(spec, ledger, arch, runs, batch, config)
         figures, trained = training_parity(spec, ledger, arch, runs, data, config)
+        lockstep += lockstep_checkpoints(spec, ledger, arch, list(runs), config, len(batch))
         trained_weights_vs_native(spec, ledger, arch, trained, batch, config)
         parity += figures
         parting = {f["frameworks"]: f["parting_step"] for f in figures}
@@ -104,6 +108,7 @@ def main(argv: list[str]) -> int:
         "passed": not failures,
         "checks": ledger.rows(),
         "training_parity": parity,
+        "lockstep": lockstep,
         "running_statistics": statistics,
         "taps": tap_records,
         "runs": measured,

@@ -319,6 +319,16 @@ class TolerancesSpec(_Section):
     # pair's parting step; every step of the first `lockstep_steps` must be within it, for every model.
     lockstep_loss_rel: PositiveFloat = 1e-5
     lockstep_steps: PositiveInt = 20
+    # Checkpoints inside the lockstep window: each training run also records its whole canonical state (every
+    # weight, BatchNorm's running mean and variance) and its eval-mode logits of the validation batch after these
+    # steps (train_export's checkpoints.npz), and every pair of frameworks is held to lockstep_state_rel there, for
+    # every model: a mistake that leaves the losses alone (BatchNorm's running statistics, a weight decay on a
+    # weight with no gradient) shows here while the runs still agree.
+    lockstep_checkpoints: list[PositiveInt] = [1, 10, 20]
+    # The state of two runs in lockstep agrees as their losses do: stated with lockstep_loss_rel's reasoning (a few
+    # float32 rounding steps, 6e-8 each, carried through at most lockstep_steps updates), before any measurement.
+    # Each tensor's max |a - b| over its largest magnitude; the logits' over the largest |logit|.
+    lockstep_state_rel: PositiveFloat = 1e-5
     # After two runs part, an end-of-training figure that misses its strict bound below is judged against the
     # measured null: the same figure between each framework's run and its own one-ulp replicates (see
     # ReplicatesSpec). It fails when the cross-framework values are larger than the within-framework ones by an
@@ -341,6 +351,14 @@ class TolerancesSpec(_Section):
     # Per-model overrides of the trained-run bounds, for a model whose training amplifies float32 rounding
     # (each says why, with the measurement; the report shows it beside the figures it judges).
     models: dict[Architecture, TrainedRunBounds] = {}
+
+    @model_validator(mode="after")
+    def _checkpoints_in_window(self) -> TolerancesSpec:
+        steps = self.lockstep_checkpoints
+        if steps != sorted(set(steps)) or (steps and steps[-1] > self.lockstep_steps):
+            raise ValueError(f"lockstep_checkpoints = {steps}: must be increasing steps, none after lockstep_steps "
+                             f"({self.lockstep_steps})")
+        return self
 
     def for_model(self, arch: str) -> TolerancesSpec:
         """These tolerances with `arch`'s overrides applied."""

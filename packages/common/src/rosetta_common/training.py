@@ -7,14 +7,14 @@ section or resolves a per-model learning rate on its own.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from rosetta_common.data import epoch_batches
 from rosetta_common.seeding import derive_seed
-from rosetta_common.spec import AdamSpec, ModelConfig, SGDSpec, Spec
+from rosetta_common.spec import AdamSpec, ModelConfig, SGDSpec, Spec, SpecError
 
 OptimizerSpec = AdamSpec | SGDSpec
 
@@ -27,6 +27,9 @@ class TrainPlan:
     batch_size: int
     seed: int
     num_samples: int
+    # Only the first `first_steps` steps of the first epoch (a lockstep checkpoint: the run's state after that
+    # step, the same batches and dropout masks); None: the whole plan.
+    first_steps: int | None = None
 
     @property
     def optimizer_name(self) -> str:
@@ -38,7 +41,8 @@ class TrainPlan:
 
     @property
     def steps_per_epoch(self) -> int:
-        return self.num_samples // self.batch_size
+        full = self.num_samples // self.batch_size
+        return full if self.first_steps is None else min(full, self.first_steps)
 
     @property
     def num_steps(self) -> int:
@@ -46,7 +50,15 @@ class TrainPlan:
 
     def batches(self, epoch: int) -> list[np.ndarray]:
         """Index batches of one epoch (rosetta_common.data.epoch_batches): the same in every framework."""
-        return epoch_batches(self.num_samples, self.batch_size, self.seed, epoch)
+        return epoch_batches(self.num_samples, self.batch_size, self.seed, epoch)[:self.steps_per_epoch]
+
+    def truncated(self, steps: int) -> TrainPlan:
+        """This plan's first `steps` steps (all within the first epoch): every package's loop, run on it, ends in
+        the state its whole run has after that step."""
+        if not 1 <= steps <= self.num_samples // self.batch_size:
+            raise SpecError(f"params.yaml: tolerances.lockstep_checkpoints: step {steps}: must be within the first "
+                            f"epoch, 1..{self.num_samples // self.batch_size} steps here")
+        return replace(self, epochs=1, first_steps=steps)
 
     def all_batches(self) -> np.ndarray:
         """Every epoch's index batches, in order: (num_steps, batch_size) int64."""

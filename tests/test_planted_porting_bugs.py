@@ -1,0 +1,163 @@
+"""The judge against the porting bugs users make, for real: in a copy of the session's finished TINY run, one
+framework's code gets one mistake (its text replaced in the copy's source), that framework's train_export reruns
+for the model it is planted in (with its one-ulp replicates and lockstep checkpoints, as params.yaml asks), and
+validate runs. It must exit non-zero and fail the named check for both pairs with the planted framework, and
+every check of the third pair must pass. The unplanted tiny run passes validate (test_pipeline_e2e.py).
+
+Each mistake changes something the frameworks compute alike while their runs are in lockstep, so a float32 bound
+catches it before the runs part and chaos hides it:
+- torch's BatchNorm given the spec's momentum, and torch's unbiased running variance left uncorrected: training
+  losses unchanged (training normalizes by the batch's statistics); the running statistics at the lockstep
+  checkpoints (lockstep_running_stats_rel) part at once;
+- Keras' BatchNormalization at its default epsilon (1e-3 for the spec's 1e-5): the init forward;
+- an L2 weight decay of 1e-4 in one framework's optimizer: the step-1 loss is the same forward; the weights at
+  the checkpoints are not (a weight with no gradient, an always-blank pixel's, moves by the learning rate a step);
+- dropout scaled by 1 / (1 - 0.25) for 1 / (1 - 0.2), and label smoothing 0.1 in the loss: the step-1 loss;
+- the learning rate multiplied by 1.01 after epoch 5 (the copy trains that model 7 epochs, in every framework):
+  the step losses from epoch 6 on, which is after the lockstep window and the checkpoints.
+Plants in different models and frameworks share one validate run (each judged on its own model's rows only), as
+in test_taps_localize.py; a round has at most one plant per framework, so no plant reaches another's model."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from pipelines.checks import ledger as names
+from support import VALIDATE, TinyRun, sh
+
+TORCH_MODELS = "packages/torch_impl/src/rosetta_torch/models.py"
+TORCH_TRAIN = "packages/torch_impl/src/rosetta_torch/train.py"
+TF_MODELS = "packages/tf_impl/src/rosetta_tf/models.py"
+JAX_MODELS = "packages/jax_impl/src/rosetta_jax/models.py"
+JAX_TRAIN = "packages/jax_impl/src/rosetta_jax/train.py"
+FORWARD_AT_INIT = names.FORWARD_PARITY_INIT_ONNX
+
+
+@dataclass(frozen=True)
+class Bug:
+    id: str
+    framework: str
+    model: str
+    source: str
+    old: str  # must occur exactly once
+    new: str
+    fails: str | None  # the check that must fail for both pairs with the planted framework (None: any check)
+    epochs: int | None = None  # the copy trains the model this long, in every framework (None: as the tiny run)
+
+    def plant(self, root: Path) -> None:
+        path = root / self.source
+        text = path.read_text()
+        assert text.count(self.old) == 1, f"{self.id}: {self.old!r} is not in {self.source} exactly once"
+        path.write_text(text.replace(self.old, self.new))
+
+
+BUGS = [
+    Bug("torch-batchnorm-momentum", "torch", "resnet", TORCH_MODELS,
+        "    return 1.0 - batchnorm_momentum\n", "    return batchnorm_momentum\n", names.LOCKSTEP_RUNNING_STATS_REL),
+    Bug("torch-running-variance-unbiased", "torch", "resnet", TORCH_MODELS,
+        "            self.running_var = corrected_running_var(", "            _ = corrected_running_var(",
+        names.LOCKSTEP_RUNNING_STATS_REL),
+    Bug("tf-batchnorm-default-epsilon", "tf", "resnet", TF_MODELS, "epsilon=settings.batchnorm_epsilon,", "",
+        FORWARD_AT_INIT),
+    Bug("jax-l2-weight-decay", "jax", "mlp", JAX_TRAIN, "        return torch_adam(optimizer, num_steps)\n",
+        "        return optax.chain(optax.add_decayed_weights(1e-4), torch_adam(optimizer, num_steps))\n",
+        names.LOCKSTEP_WEIGHTS_REL),
+    Bug("jax-dropout-scale", "jax", "resnet", JAX_MODELS, "pooled * dropout_mask",
+        "pooled * dropout_mask * (0.8 / 0.75)", names.TRAIN_STEP1_LOSS_REL),
+    Bug("torch-label-smoothing", "torch", "mlp", TORCH_TRAIN,
+        "F.cross_entropy(forward_logits(module, inputs[idx_t], mask), labels[idx_t])",
+        "F.cross_entropy(forward_logits(module, inputs[idx_t], mask), labels[idx_t], label_smoothing=0.1)",
+        names.TRAIN_STEP1_LOSS_REL),
+    Bug("torch-learning-rate-after-epoch-5", "torch", "mlp", TORCH_TRAIN,
+        "            epoch_start = time.perf_counter()\n",
+        "            epoch_start = time.perf_counter()\n"
+        "            if epoch == 5:\n"
+        "                for group in optimizer.param_groups:\n"
+        "                    group[\"lr\"] *= 1.01\n",
+        None, epochs=7),
+]
+BY_ID = {bug.id: bug for bug in BUGS}
+# At most one plant per framework and one per model in a round.
+ROUNDS = [["torch-batchnorm-momentum", "jax-l2-weight-decay"],
+          ["torch-running-variance-unbiased"],
+          ["tf-batchnorm-default-epsilon", "torch-label-smoothing"],
+          ["jax-dropout-scale", "torch-learning-rate-after-epoch-5"]]
+ROUND_OF = {bug: i for i, ids in enumerate(ROUNDS) for bug in ids}
+
+
+@dataclass(frozen=True)
+class Validated:
+    returncode: int
+    output: str
+    rows: list[dict[str, Any]]
+
+
+def validate_round(tiny: TinyRun, root: Path, bugs: list[Bug]) -> Validated:
+    """A fresh copy of the finished run with the round's bugs in its source; each planted model retrained (by its
+    framework with the bug, by the others too where the copy trains it longer), then validate once."""
+    assert len({b.framework for b in bugs}) == len(bugs) and len({b.model for b in bugs}) == len(bugs), bugs
+    shutil.copytree(tiny.root, root, symlinks=True)
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    retrain: dict[str, list[str]] = {}
+    for bug in bugs:
+        bug.plant(root)
+        retrain.setdefault(bug.framework, []).append(bug.model)
+        if bug.epochs is not None:
+            epochs = params["train"]["epochs"]
+            params["train"]["epochs"] = {**dict.fromkeys(params["models"], epochs), bug.model: bug.epochs} \
+                if isinstance(epochs, int) else {**epochs, bug.model: bug.epochs}
+            for fw in params["frameworks"]:
+                if bug.model not in retrain.setdefault(fw, []):
+                    retrain[fw].append(bug.model)
+    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    for fw, models in retrain.items():
+        sh(["python", "-m", "pipelines.runner", fw, "--", "python", "-m", "pipelines.stages.train_export", fw,
+            *models], root, tiny.env)
+    result = sh(VALIDATE, root, tiny.env, check=False)
+    report = json.loads((root / "reports/validation.json").read_text())
+    output = f"exit {result.returncode}\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
+    return Validated(result.returncode, output, report["checks"])
+
+
+@pytest.fixture(scope="module")
+def validated(tiny_pipeline: TinyRun, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """Each round's validate run, made on first use and shared by the round's bugs."""
+    done: dict[int, Validated] = {}
+
+    def get(bug: Bug) -> Validated:
+        index = ROUND_OF[bug.id]
+        if index not in done:
+            root = tmp_path_factory.mktemp(f"bugs_round{index}") / "repo"
+            done[index] = validate_round(tiny_pipeline, root, [BY_ID[i] for i in ROUNDS[index]])
+        return done[index]
+
+    return get
+
+
+@pytest.mark.parametrize("bug", BUGS, ids=lambda b: b.id)
+def test_validate_fails_a_planted_porting_bug(bug: Bug, validated: Any) -> None:
+    run = validated(bug)
+    assert run.returncode != 0, run.output
+    own = [r for r in run.rows if r["model"] == bug.model]
+    assert f"FAILED {bug.model}/" in run.output, run.output
+    pairs = sorted({r["framework"] for r in own if r["check"] == names.TRAIN_STEP1_LOSS_REL})
+    assert len(pairs) == 3, pairs
+    planted = [p for p in pairs if bug.framework in p.split("|")]
+    (other,) = set(pairs) - set(planted)
+    for pair in planted:
+        if bug.fails is None:
+            assert any(not r["passed"] for r in own if r["framework"] == pair), (pair, run.output)
+            continue
+        rows = [r for r in own if r["framework"] == pair and r["check"] == bug.fails]
+        assert len(rows) == 1 and not rows[0]["passed"], (pair, rows, run.output)
+        assert rows[0]["value"] > rows[0]["tolerance"], rows[0]
+    # The pair without the planted framework is untouched: every check of it passes.
+    others = [r for r in own if r["framework"] == other]
+    assert len(others) >= 6 and all(r["passed"] for r in others), [r for r in others if not r["passed"]]
