@@ -35,6 +35,7 @@ RUN_FILES = {
     "init.onnx",
     "native_outputs.npz",
     "taps.npz",
+    "checkpoints.npz",
     "export.json",
 }
 METRICS_KEYS = {"test_accuracy", "test_loss", "final_train_loss", "parameters", "epochs", "optimizer"}
@@ -87,9 +88,11 @@ def test_validation_report_passes_with_every_check(tiny_pipeline: TinyRun) -> No
                 "test_accuracy_points",
             ):
                 assert (m, pair, check) in checks
-            # the running statistics, for exactly the models with BatchNorm
-            for check in ("running_mean_rel", "running_var_rel"):
+            # the running statistics, for exactly the models with BatchNorm (after training, and at the lockstep
+            # checkpoints); every model's weights and logits at the checkpoints
+            for check in ("running_mean_rel", "running_var_rel", "lockstep_running_stats_rel"):
                 assert ((m, pair, check) in checks) == has_batchnorm(m), (m, pair, check)
+            assert {(m, pair, "lockstep_weights_rel"), (m, pair, "lockstep_logits_rel")} <= checks, (m, pair)
     for row in report["checks"]:
         assert row["passed"] is True, row
         if row["check"] == "min_test_accuracy":  # a floor, not a tolerance
@@ -100,6 +103,16 @@ def test_validation_report_passes_with_every_check(tiny_pipeline: TinyRun) -> No
         elif row["tolerance"] is not None:
             assert row["value"] <= row["tolerance"], row
     assert len(report["training_parity"]) == len(PAIRS) * len(MODELS)
+    # every pair's state at every lockstep checkpoint, as params.yaml lists them
+    steps = yaml.safe_load((tiny_pipeline.root / "params.yaml").read_text())["tolerances"]["lockstep_checkpoints"]
+    lockstep = {(r["model"], r["frameworks"]): r for r in report["lockstep"]}
+    assert sorted(lockstep) == sorted((m, p) for m in MODELS for p in PAIRS)
+    for (m, _), record in lockstep.items():
+        assert [c["step"] for c in record["checkpoints"]] == steps, record
+        for point in record["checkpoints"]:
+            kinds = {"weights", "logits"} | ({"running_statistics"} if has_batchnorm(m) else set())
+            assert set(point) - {"step"} == kinds, point
+            assert all(point[k]["max_rel"] <= record["tolerance"] for k in kinds), point
     with_bn = [m for m in MODELS if has_batchnorm(m)]
     assert with_bn, "TINY has no model with BatchNorm: the running-statistics figure is never made"
     statistics = report["running_statistics"]

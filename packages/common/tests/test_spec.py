@@ -115,3 +115,19 @@ def test_a_bad_sources_override_is_one_line() -> None:
     assert "\n" not in str(error.value)
     with pytest.raises(SpecError, match=r"sources\.mnist5k\.train = .*unknown field"):
         parse_spec({"sources": {"mnist5k": {"train": {"epochs": 3}}}})
+
+
+def test_a_truncated_plan_is_the_first_steps_of_the_run():
+    full = plan(Spec(), "resnet", 1000)
+    for steps in (1, 10, 31):
+        part = full.truncated(steps)
+        assert part.num_steps == steps and part.epochs == 1
+        assert (part.all_batches() == full.all_batches()[:steps]).all()
+    with pytest.raises(SpecError, match="step 32: must be within the first epoch, 1..31"):
+        full.truncated(32)
+
+
+@pytest.mark.parametrize("steps", [[10, 1], [1, 1], [1, 21]])
+def test_lockstep_checkpoints_are_increasing_steps_inside_the_window(steps):
+    with pytest.raises(SpecError, match=r"lockstep_checkpoints = \[.*none after lockstep_steps \(20\)"):
+        parse_spec({"tolerances": {"lockstep_checkpoints": steps}})
