@@ -123,7 +123,7 @@ def test_a_truncated_plan_is_the_first_steps_of_the_run():
         part = full.truncated(steps)
         assert part.num_steps == steps and part.epochs == 1
         assert (part.all_batches() == full.all_batches()[:steps]).all()
-    with pytest.raises(SpecError, match="step 32: must be within the first epoch, 1..31"):
+    with pytest.raises(SpecError, match=r"step 32: must be within the first epoch, 1\.\.31"):
         full.truncated(32)
 
 
