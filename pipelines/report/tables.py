@@ -202,8 +202,9 @@ def lockstep(inputs: Inputs, model: str) -> Table | None:
     columns = _columns("pair", "after step", "weights, max rel", "running statistics, max rel", "logits, max rel",
                        left=(0,))
     note = (f"While the runs are in lockstep, every pair's whole state after these steps (train_export's "
-            f"checkpoints.npz): each tensor's max |a - b| over its largest magnitude, the worst tensor named; the "
-            f"eval-mode logits of the validation batch likewise. Bound {fmt(records[0]['tolerance'])} "
+            f"checkpoints.npz): the weights as one vector and the eval-mode logits of the validation batch by norm, "
+            f"||a - b|| / ||a|| (the tensor with the largest share named); each running statistic by max |a - b| "
+            f"over its largest magnitude. Bound {fmt(records[0]['tolerance'])} "
             "(params.yaml tolerances.lockstep_state_rel), every model.")
     return Table("Lockstep checkpoints", columns, rows, note=note)
 
