@@ -542,16 +542,3 @@ def test_inference_mode_of_every_export_is_a_table(extended: Path) -> None:
     assert "| jax | `onnx_model` | 0.00e+00 | 0.0001 | yes |" in resnet
 
 
-def test_a_model_with_weaker_trained_run_bounds_says_why(tmp_path: Path) -> None:
-    """params.yaml's tolerances.models override: the tolerance shown is the model's own, its reason beside it."""
-    root = make_artifacts(tmp_path, models=[*MODELS, *NEW_MODELS])
-    params = yaml.safe_load((root / paths.PARAMS).read_text())
-    reason = "measured: the losses depart after epoch 5 (a test of the note)"
-    params["tolerances"]["models"] = {"resnet": {"reason": reason, "running_stats_rel": 0.05}}
-    (root / paths.PARAMS).write_text(yaml.safe_dump(params, sort_keys=False))
-    build(root)
-    md = (root / paths.REPORT / "report.md").read_text()
-    resnet = md.split("## Parity")[1].split("### resnet")[1].split("\n### ")[0]
-    assert resnet.count(f"Weaker bounds for resnet's trained runs (params.yaml tolerances.models): {reason}") == 2
-    mlp = md.split("## Parity")[1].split("### mlp")[1].split("\n### ")[0]
-    assert "Weaker bounds" not in mlp

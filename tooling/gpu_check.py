@@ -142,7 +142,7 @@ def measure_ort(root: Path, out: Path) -> None:
             cuda = ort.InferenceSession(path, providers=[("CUDAExecutionProvider", {"use_tf32": 0})])
             on_cpu, on_cuda = latency.onnx_predict(cpu), latency.onnx_predict(cuda)
             want = on_cpu(images)
-            tol = spec.tolerances.for_model(model)
+            tol = spec.tolerances
             rows.append({
                 "framework": fw, "model": model, "providers": cuda.get_providers(),
                 "ort_cuda_vs_cpu_max_abs": float(np.max(np.abs(on_cuda(images) - want))),
@@ -174,7 +174,7 @@ def parity(cpu_root: Path, cuda_root: Path) -> list[dict[str, Any]]:
     rows = []
     for fw in FRAMEWORKS:
         for model in spec.models:
-            tol = spec.tolerances.for_model(model)
+            tol = spec.tolerances
             sides = []
             for root in (cpu_root, cuda_root):
                 metrics = json.loads((root / paths.metrics(model, fw)).read_text())

@@ -1,12 +1,15 @@
 """The data-parallel checks (train_dp@<framework>; off when data_parallel.workers is 1).
 
 Each framework's N-worker run against the same framework's single-process run (the claim: the engine's
-data-parallel training is the same training), and the N-worker runs of the frameworks against each other, with
-the trained-run bounds of params.yaml's tolerances (data_parallel.bounds applied): step-1 loss, every step of the
-lockstep window (tolerances.lockstep_steps; the step where the runs part is a figure), test loss, test accuracy,
-plus the final weight difference as a figure. Test figures are computed here from each run's trained
-canonical weights with the float64 reference forward, the same way for both sides of every pair: nothing is
-taken from the stage that trained them.
+data-parallel training is the same training), and the N-worker runs of the frameworks against each other, by the
+rules two frameworks' runs are judged by (pipelines/checks/parity.py): strict while in lockstep (step-1 loss,
+every step of the lockstep window; the step where the runs part is a figure); at the end of training, test loss
+and accuracy within their float32 bounds, or, once the runs part, against the null of both sides' one-ulp
+replicates (a data-parallel run of a model in replicates.models trains its own, on every worker), Holm over the
+whole validate run. No weaker bound for any model. The final weight difference is a figure. Test figures are
+computed here from each run's trained canonical weights with the float64 reference forward, the same way for
+both sides of every pair: nothing is taken from the stage that trained them (the replicates' own, as for two
+frameworks, are their stage's).
 """
 
 from __future__ import annotations
@@ -14,10 +17,13 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+import numpy as np
+
 from pipelines import paths
 from pipelines.checks import ledger as names
 from pipelines.checks.ledger import Ledger
-from pipelines.checks.parity import Side, judge_pair, pair_figures
+from pipelines.checks.parity import Side, judge_end, judge_pair, pair_figures
+from pipelines.checks.replicates import read_replicates
 from pipelines.checks.train_logs import read_step_losses
 from rosetta_common.data import Dataset, load_for
 from rosetta_common.errors import RosettaError
@@ -29,12 +35,20 @@ from rosetta_common.weights import load_weights
 
 
 def read_run(log_path: Any, weights_path: Any, config: ModelConfig, train_plan: TrainPlan, data: Dataset,
-             workers: int) -> Side:
-    """One trained run as the validator reads it: step losses, canonical weights, test figures computed here."""
+             workers: int) -> tuple[Side, np.ndarray]:
+    """One trained run as the validator reads it: step losses, canonical weights, test figures computed here;
+    and its test predictions."""
     losses = read_step_losses(log_path, train_plan.num_steps, workers)
     weights = load_weights(weights_path, config)
     logits = forward(config, weights, data.test_inputs)
-    return Side(losses, softmax_cross_entropy(logits, data.test_labels), accuracy(logits, data.test_labels), weights)
+    side = Side(losses, softmax_cross_entropy(logits, data.test_labels), accuracy(logits, data.test_labels), weights)
+    return side, np.argmax(logits, axis=1)
+
+
+def end_record(side: Side, predictions: np.ndarray, reps: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """A run as judge_end reads one: its test figures and predictions, and its replicates."""
+    return {"test_loss": side.test_loss, "test_accuracy": side.test_accuracy, "test_predictions": predictions,
+            "replicates": reps}
 
 
 def data_parallel_parity(spec: Spec, ledger: Ledger, cache: dict[str, Dataset],
@@ -45,30 +59,36 @@ def data_parallel_parity(spec: Spec, ledger: Ledger, cache: dict[str, Dataset],
     if dp.workers == 1:
         return []
     figures = []
+    tol = spec.tolerances
     for arch in dp.models:
-        tol = dp.tolerances(spec.tolerances, arch)  # data_parallel.bounds applied
         data = load_for(arch, paths.PREPARED, cache)  # `cache`: validate's prepared data, each kind read once
         config = data.model_config(spec, arch)
         train_plan = plan(spec, arch, len(data.train_labels))
+        count = spec.replicates.count if arch in spec.replicates.models else 0
         single, parallel = {}, {}
         for fw in spec.frameworks:
             try:
                 if (arch, fw) in intact:
-                    single[fw] = read_run(paths.train_log(arch, fw), paths.trained_weights(arch, fw), config,
-                                          train_plan, data, 1)
+                    side, predicted = read_run(paths.train_log(arch, fw), paths.trained_weights(arch, fw), config,
+                                               train_plan, data, 1)
+                    single[fw] = (side, end_record(side, predicted, read_replicates(ledger, arch, fw, count)))
                 run = paths.data_parallel_run(arch, fw)
-                parallel[fw] = read_run(run / "train_log.json", run / "trained.safetensors", config, train_plan,
-                                        data, dp.workers)
+                side, predicted = read_run(run / "train_log.json", run / "trained.safetensors", config, train_plan,
+                                           data, dp.workers)
+                reps = read_replicates(ledger, arch, f"{fw}-dp", count, run)
+                parallel[fw] = (side, end_record(side, predicted, reps))
             except (RosettaError, OSError, ValueError) as error:
                 ledger.add(arch, f"{fw}-dp", names.DP_RUN_READABLE, None, None, False, str(error))
         pairs = [(f"{fw}-dp", parallel[fw], fw, single[fw]) for fw in parallel if fw in single]
         pairs += [(f"{a}-dp", parallel[a], f"{b}-dp", parallel[b]) for a, b in itertools.combinations(parallel, 2)]
-        for name_a, run_a, name_b, run_b in pairs:
-            fig = {"model": arch, "runs": f"{name_a}|{name_b}", "workers": dp.workers,
+        for name_a, (run_a, end_a), name_b, (run_b, end_b) in pairs:
+            pair = f"{name_a}|{name_b}"
+            fig = {"model": arch, "runs": pair, "workers": dp.workers,
                    **pair_figures(run_a, run_b, train_plan.steps_per_epoch, tol)}
-            judge_pair(ledger, arch, f"{name_a}|{name_b}", fig, tol, dp=True)
+            judge_pair(ledger, arch, pair, fig, tol, dp=True)
+            judge_end(ledger, arch, pair, fig, tol, end_a, end_b, dp=True)
             figures.append(fig)
-        for fw, run in parallel.items():
+        for fw, (run, _) in parallel.items():
             figures.append({"model": arch, "runs": f"{fw}-dp", "workers": dp.workers,
                             "test_loss": run.test_loss, "test_accuracy": run.test_accuracy})
     return figures

@@ -61,12 +61,12 @@ def pair_figures(a: Side, b: Side, steps_per_epoch: int | None = None,
 
 
 def judge_pair(ledger: Ledger, arch: str, pair: str, figures: dict[str, Any], tol: Any, dp: bool = False) -> None:
-    """The strict checks of one pair's figures (FIGURES), each against its tolerance in `tol`: for a pair of
-    frameworks, those of the lockstep (its end-of-training figures are judged by replicates.end_of_training); for a
-    pair with a data-parallel run, every one."""
+    """The strict checks of one pair's figures (FIGURES), each against its tolerance in `tol`: those of the
+    lockstep, for a pair of frameworks and a pair with a data-parallel run alike (the end-of-training figures are
+    judged by judge_end)."""
     for figure in FIGURES:
         check = figure.dp_check if dp else figure.check
-        if check is None or figure.tolerance is None or (figure.end_of_training and not dp):
+        if check is None or figure.tolerance is None or figure.end_of_training:
             continue
         detail = ""
         if figure.key == "lockstep_loss_max_rel":
@@ -88,7 +88,7 @@ def training_parity(spec: Spec, ledger: Ledger, arch: str, runs: dict[str, dict[
     """Pairwise training figures and checks: strict in the lockstep window, end-of-training figures by
     replicates.end_of_training; also returns each framework's trained canonical weights (read here once, for
     running_statistics)."""
-    tol = spec.tolerances.for_model(arch)
+    tol = spec.tolerances
     train_plan = plan(spec, arch, len(data.train_labels))
     logs, weights = {}, {}
     for fw in runs:
@@ -106,20 +106,30 @@ def training_parity(spec: Spec, ledger: Ledger, arch: str, runs: dict[str, dict[
                "prediction_disagreement": disagreement(runs[a], runs[b])}
         figures.append(fig)
         judge_pair(ledger, arch, pair, fig, tol)
-        parting = fig["parting_step"]
-        have = runs[a]["replicates"] is not None and runs[b]["replicates"] is not None
-        for figure in FIGURES:
-            if not figure.end_of_training:
-                continue
-            if figure.tolerance is None and parting is None:
-                continue  # no float32 bound but none at all: runs in lockstep to the end are judged above
-            null = None
-            if have:
-                fa, fb = end_figures(runs[a]), end_figures(runs[b])
-                null = cross_and_within(fa[0], fb[0], fa[1:], fb[1:], END_OF_TRAINING[figure.key])
-            bound = getattr(tol, figure.tolerance) if figure.tolerance is not None else 0.0
-            end_of_training(ledger, arch, pair, figure.check, fig[figure.key], bound, parting, null)
+        judge_end(ledger, arch, pair, fig, tol, runs[a], runs[b])
     return figures, weights
+
+
+def judge_end(ledger: Ledger, arch: str, pair: str, fig: dict[str, Any], tol: TolerancesSpec, a: dict[str, Any],
+              b: dict[str, Any], dp: bool = False) -> None:
+    """The end-of-training checks of one pair (two frameworks' runs, or a data-parallel run and another run):
+    each figure within its float32 bound passes; beyond it, runs still in lockstep fail and runs that parted are
+    judged against the null of both sides' one-ulp replicates (replicates.end_of_training). `a` and `b`: each run's
+    test loss, accuracy and predictions, and its "replicates" (None: it has none)."""
+    parting = fig["parting_step"]
+    have = a["replicates"] is not None and b["replicates"] is not None
+    for figure in FIGURES:
+        check = figure.dp_check if dp else figure.check
+        if not figure.end_of_training or check is None:
+            continue
+        if figure.tolerance is None and parting is None:
+            continue  # no float32 bound but none at all: runs in lockstep to the end are judged by the others
+        null = None
+        if have:
+            fa, fb = end_figures(a), end_figures(b)
+            null = cross_and_within(fa[0], fb[0], fa[1:], fb[1:], END_OF_TRAINING[figure.key])
+        bound = getattr(tol, figure.tolerance) if figure.tolerance is not None else 0.0
+        end_of_training(ledger, arch, pair, check, fig[figure.key], bound, parting, null)
 
 
 def statistic_rel(a: np.ndarray, b: np.ndarray) -> float:
@@ -149,7 +159,7 @@ def running_statistics(spec: Spec, ledger: Ledger, arch: str, weights: dict[str,
     (rosetta_common.weights.is_statistic names them): one figure per pair with each layer's, and a check per
     statistic (its worst layer), judged as every end-of-training figure is (replicates.end_of_training: the
     float32 bound, or after parting the replicates' null). Nothing for a model without BatchNorm."""
-    tol = spec.tolerances.for_model(arch).running_stats_rel
+    tol = spec.tolerances.running_stats_rel
     figures = []
     for a, b in itertools.combinations(weights, 2):
         layers = statistics_by_layer(weights[a], weights[b])

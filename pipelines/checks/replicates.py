@@ -5,6 +5,7 @@ null (replicate_null), decided for the whole run at once by Ledger.judge_nulls."
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -20,13 +21,15 @@ from rosetta_common.spec import Spec
 from rosetta_common.training import plan
 
 
-def read_replicates(ledger: Ledger, arch: str, fw: str, count: int) -> list[dict[str, Any]] | None:
+def read_replicates(ledger: Ledger, arch: str, fw: str, count: int, run: Path | None = None
+                    ) -> list[dict[str, Any]] | None:
     """The run's replicates, each with its test figures, test predictions and BatchNorm running statistics; None
-    when params ask for none. Their files are among those export.json hashed, so artifacts_intact has already
-    tied them to the run."""
+    when params ask for none. `fw` names the run in the ledger ("torch", or "torch-dp" with `run` its
+    data-parallel folder); a train_export run's replicate files are among those export.json hashed, so
+    artifacts_intact has already tied them to the run."""
     if not count:
         return None
-    run = paths.run_dir(arch, fw)
+    run = paths.run_dir(arch, fw) if run is None else run
     try:
         record = read_json(run / "replicates.json")
         with np.load(run / "replicates.npz", allow_pickle=False) as f:

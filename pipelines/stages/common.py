@@ -5,6 +5,7 @@ same files)."""
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -20,7 +21,15 @@ from rosetta_common.io import write_json
 from rosetta_common.metrics import accuracy, softmax_cross_entropy
 from rosetta_common.spec import ModelConfig, Spec
 from rosetta_common.training import TrainPlan, plan
-from rosetta_common.weights import Weights, check_weights, count_parameters, load_weights, save_weights
+from rosetta_common.weights import (
+    Weights,
+    check_weights,
+    count_parameters,
+    is_statistic,
+    load_weights,
+    perturbed,
+    save_weights,
+)
 
 # train_dp tells its workers where rank 0 writes (its scratch folder, published only if every worker succeeds).
 DP_OUT_VARIABLE = "ROSETTA_DP_OUT"
@@ -103,3 +112,39 @@ def record_training(backend: ModuleType, job: Job, model: Any, result: TrainResu
 def steady_samples_per_second(result: TrainResult, job: Job) -> float | None:
     steady = result.epoch_seconds[1:] or result.epoch_seconds  # the first epoch holds compilation
     return job.plan.steps_per_epoch * job.plan.batch_size / statistics.median(steady) if steady else None
+
+
+def replicates(backend: ModuleType, spec: Spec, job: Job, data: Dataset, out: Path | None, where: str,
+               fit: Callable[[Weights], tuple[Any, TrainResult]]) -> None:
+    """The measured null (params.yaml `replicates`): the same training from the init moved by one ulp
+    (rosetta_common.weights.perturbed), `replicates.count` times for each of `replicates.models`, each trained by
+    `fit` (a single process, or every worker of a data-parallel run) and scored only. Into `out` (None: a
+    data-parallel worker other than rank 0, which trains and writes nothing): replicates.json with each one's test
+    figures and step losses; replicates.npz with its test predictions and BatchNorm running statistics, which
+    the validator compares within and across frameworks."""
+    count = spec.replicates.count if job.arch in spec.replicates.models else 0
+    if not count:
+        return
+    runs, predictions, running = [], [], {}
+    for i in range(1, count + 1):
+        backend.configure(spec.seed)  # as the run itself started: only the one ulp differs
+        init, moved = perturbed(job.init, i)
+        model, result = fit(init)
+        if out is None:
+            continue
+        check_training(result, job.plan, f"{where} replicate {i}")
+        logits = backend.predict(model, data.test_inputs)
+        predictions.append(np.argmax(logits, axis=1).astype(np.int16))
+        for name, value in backend.to_canonical(model).items():
+            if is_statistic(name):
+                running.setdefault(name, []).append(value)
+        runs.append({"replicate": i, "perturbation": moved,
+                     "test_accuracy": accuracy(logits, data.test_labels),
+                     "test_loss": softmax_cross_entropy(logits, data.test_labels),
+                     "step_losses": result.step_losses})
+    if out is None:
+        return
+    write_json(out / "replicates.json", {"framework": backend.FRAMEWORK, "model": job.arch, "count": count,
+                                         "replicates": runs})
+    with open(out / "replicates.npz", "wb") as f:
+        np.savez(f, test_predictions=np.stack(predictions), **{k: np.stack(v) for k, v in running.items()})

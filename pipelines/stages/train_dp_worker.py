@@ -23,6 +23,7 @@ from pipelines.stages.common import (
     DP_OUT_VARIABLE,
     load_jobs,
     record_training,
+    replicates,
     seeded_backend,
     steady_samples_per_second,
 )
@@ -54,12 +55,19 @@ def main(argv: list[str]) -> int:
             started = time.time()
             with clock.phase(f"{job.arch}.train"):
                 model, result = backend.train_data_parallel(job.config, job.init, job.plan, job.data, cluster)
-            if out is None:
+            run = None if out is None else out / job.arch
+            if run is not None:
+                run.mkdir(parents=True)
+                record_training(backend, job, model, result, job.data, run, where, workers=cluster.world,
+                                engine=result.engine)
+            # Its one-ulp replicates, each trained data-parallel by every worker (rank 0 records them): the null
+            # that judges this run against its single-process run once the two part, as for two frameworks.
+            with clock.phase(f"{job.arch}.replicates"):
+                replicates(backend, spec, job, job.data, run, where,
+                           lambda init, job=job: backend.train_data_parallel(job.config, init, job.plan, job.data,
+                                                                             cluster))
+            if run is None:
                 continue
-            run = out / job.arch
-            run.mkdir(parents=True)
-            record_training(backend, job, model, result, job.data, run, where, workers=cluster.world,
-                            engine=result.engine)
             measurements.write(job.arch, f"{fw}-dp", {
                 "framework": fw, "model": job.arch, "stage": f"train_dp@{fw}", "workers": cluster.world,
                 "train": {"train_seconds": result.train_seconds, "epoch_seconds": result.epoch_seconds,

@@ -32,9 +32,9 @@ from pipelines.environments import ENVIRONMENTS, installed_versions
 from pipelines.stages import IMPORTS_STARTED, framework_stage_args, stage_main
 from pipelines.stages.common import (
     Job,
-    check_training,
     load_jobs,
     record_training,
+    replicates,
     seeded_backend,
     steady_samples_per_second,
 )
@@ -42,9 +42,9 @@ from rosetta_common.data import Dataset
 from rosetta_common.errors import TrainingError
 from rosetta_common.interface import TrainResult
 from rosetta_common.io import read_json, sha256, staged_outputs, write_json
-from rosetta_common.metrics import accuracy, max_abs_diff, softmax_cross_entropy
+from rosetta_common.metrics import max_abs_diff
 from rosetta_common.spec import Spec
-from rosetta_common.weights import is_statistic, perturbed
+from rosetta_common.weights import Weights
 
 
 def train(backend: ModuleType, job: Job, data: Dataset, out: Path, where: str) -> tuple[Any, TrainResult]:
@@ -55,34 +55,13 @@ def train(backend: ModuleType, job: Job, data: Dataset, out: Path, where: str) -
 
 
 def train_replicates(backend: ModuleType, spec: Spec, job: Job, data: Dataset, out: Path, where: str) -> None:
-    """The measured null (params.yaml `replicates`): the same training from the init moved by one ulp in one place
-    (rosetta_common.weights.perturbed), `replicates.count` times for each of `replicates.models`, trained and
-    scored only. replicates.json holds
-    each one's test figures and step losses; replicates.npz its test predictions and BatchNorm running
-    statistics, which the validator compares within and across frameworks."""
-    count = spec.replicates.count if job.arch in spec.replicates.models else 0
-    if not count:
-        return
-    runs, predictions, statistics = [], [], {}
-    for i in range(1, count + 1):
-        backend.configure(spec.seed)  # as the run itself started: only the one ulp differs
-        init, moved = perturbed(job.init, i)
+    """The measured null (params.yaml `replicates`, stages.common.replicates), each replicate trained as the run
+    was: built from its init, backend.train on the plan."""
+    def fit(init: Weights) -> tuple[Any, TrainResult]:
         model = backend.build(job.config, init)
-        result = backend.train(model, job.plan, data)
-        check_training(result, job.plan, f"{where} replicate {i}")
-        logits = backend.predict(model, data.test_inputs)
-        predictions.append(np.argmax(logits, axis=1).astype(np.int16))
-        for name, value in backend.to_canonical(model).items():
-            if is_statistic(name):
-                statistics.setdefault(name, []).append(value)
-        runs.append({"replicate": i, "perturbation": moved,
-                     "test_accuracy": accuracy(logits, data.test_labels),
-                     "test_loss": softmax_cross_entropy(logits, data.test_labels),
-                     "step_losses": result.step_losses})
-    write_json(out / "replicates.json", {"framework": backend.FRAMEWORK, "model": job.arch, "count": count,
-                                         "replicates": runs})
-    with open(out / "replicates.npz", "wb") as f:
-        np.savez(f, test_predictions=np.stack(predictions), **{k: np.stack(v) for k, v in statistics.items()})
+        return model, backend.train(model, job.plan, data)
+
+    replicates(backend, spec, job, data, out, where, fit)
 
 
 def record_checkpoints(backend: ModuleType, spec: Spec, job: Job, data: Dataset, batch: np.ndarray,

@@ -92,21 +92,30 @@ def test_yaml_scientific_notation_without_dot_is_accepted():
     assert parse_spec({"optimizers": {"adam": {"learning_rate": "1e-3"}}}).optimizer.learning_rate == 1e-3
 
 
-SOURCES = {"sources": {"mnist5k": {
-    "quality": {"min_test_accuracy": {"mlp": 0.9}},
-    "tolerances": {"models": {"cnn": {"reason": "chaotic on 1,250 steps (measured)", "test_loss_rel": 0.05}}},
-}}}
+SOURCES = {"sources": {"mnist5k": {"quality": {"min_test_accuracy": {"mlp": 0.9}}}}}
 
 
 def test_a_sources_overrides_apply_only_when_that_source_is_chosen() -> None:
     digits = parse_spec(SOURCES)
     assert digits.quality.min_test_accuracy["mlp"] == 0.95
-    assert digits.tolerances.for_model("cnn").test_loss_rel == 1e-3
     mnist = parse_spec({**SOURCES, "data": {"source": "mnist5k"}})
     assert mnist.quality.min_test_accuracy["mlp"] == 0.9
     assert mnist.quality.min_test_accuracy["cnn"] == 0.95  # merged key by key: the other floors stay
-    assert mnist.tolerances.for_model("cnn").test_loss_rel == 0.05
-    assert mnist.tolerances.for_model("mlp").test_loss_rel == 1e-3
+
+
+@pytest.mark.parametrize(("raw", "field"), [
+    ({"tolerances": {"models": {"cnn": {"reason": "chaotic (measured)", "test_loss_rel": 0.05}}}},
+     r"tolerances\.models = "),
+    ({"sources": {"mnist5k": {"tolerances": {"test_loss_rel": 0.05}}}}, r"sources\.mnist5k\.tolerances = "),
+    ({"data_parallel": {"bounds": {"cnn": {"reason": "jax parted (measured)", "test_loss_rel": 0.01}}}},
+     r"data_parallel\.bounds = "),
+])
+def test_no_weaker_bound_for_a_model_or_a_source_is_taken(raw, field):
+    # Every model on every data source is judged by the same tolerances: a per-model or per-source bound is an
+    # unknown field, one line.
+    with pytest.raises(SpecError, match=field + ".*unknown field") as error:
+        parse_spec(raw)
+    assert "\n" not in str(error.value)
 
 
 def test_a_bad_sources_override_is_one_line() -> None:

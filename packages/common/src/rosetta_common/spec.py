@@ -291,17 +291,6 @@ class ExportSpec(_Section):
     parity_batch_sizes: list[PositiveInt] = [1, 7, 64, 1024]
 
 
-class TrainedRunBounds(_Section):
-    """Weaker bounds for one model's trained runs; the figures are still computed and shown."""
-
-    reason: Annotated[str, Field(min_length=10)]
-    step1_loss_rel: PositiveFloat | None = None
-    lockstep_loss_rel: PositiveFloat | None = None
-    test_loss_rel: PositiveFloat | None = None
-    test_accuracy_points: PositiveFloat | None = None
-    running_stats_rel: PositiveFloat | None = None
-
-
 class TolerancesSpec(_Section):
     # ONNX Runtime vs the framework: |onnx - native| <= abs + rel * max|native| (numpy allclose's form).
     # The relative term is one float32 rounding step or so at the largest logit: trained logits reach ~35,
@@ -348,9 +337,6 @@ class TolerancesSpec(_Section):
     # export of the six models (native jax cnn, 10 epochs). Training mode moves them by far more (dropout on the
     # logits: 6.5; BatchNorm on batch statistics: 0.29).
     inference_mode_abs: PositiveFloat = 1e-4
-    # Per-model overrides of the trained-run bounds, for a model whose training amplifies float32 rounding
-    # (each says why, with the measurement; the report shows it beside the figures it judges).
-    models: dict[Architecture, TrainedRunBounds] = {}
 
     @model_validator(mode="after")
     def _checkpoints_in_window(self) -> TolerancesSpec:
@@ -359,13 +345,6 @@ class TolerancesSpec(_Section):
             raise ValueError(f"lockstep_checkpoints = {steps}: must be increasing steps, none after lockstep_steps "
                              f"({self.lockstep_steps})")
         return self
-
-    def for_model(self, arch: str) -> TolerancesSpec:
-        """These tolerances with `arch`'s overrides applied."""
-        override = self.models.get(arch)  # type: ignore[call-overload]
-        if override is None:
-            return self
-        return self.model_copy(update=override.model_dump(exclude_none=True, exclude={"reason"}))
 
 
 class ReplicatesSpec(_Section):
@@ -392,28 +371,16 @@ class DataParallelSpec(_Section):
     port: Annotated[int, Field(ge=0, le=65535)] = 0
     # The longest an engine waits for a peer (start-up, a collective), so an unreachable one is an error, not a hang.
     timeout_seconds: PositiveFloat = 60.0
-    # Weaker bounds for one model's data-parallel comparisons (over tolerances and tolerances.models), each with
-    # its reason and measurement, shown in the report.
-    bounds: dict[Architecture, TrainedRunBounds] = {}
-
-    def tolerances(self, tolerances: TolerancesSpec, arch: str) -> TolerancesSpec:
-        """The bounds `arch`'s data-parallel runs are judged with."""
-        judged = tolerances.for_model(arch)
-        override = self.bounds.get(arch)  # type: ignore[call-overload]
-        if override is None:
-            return judged
-        return judged.model_copy(update=override.model_dump(exclude_none=True, exclude={"reason"}))
 
 
 DataSource = Literal["digits", "mnist5k", "idx"]
 
 
 class SourceOverrides(_Section):
-    """What changes with `data.source`: judging figures (floors, trained-run bounds), never how a model trains.
-    Merged over the top-level sections when that source is chosen (mappings key by key)."""
+    """What changes with `data.source`: the quality floors, never how a model trains nor how two runs are judged
+    (every model on every source by the same tolerances). Merged over `quality` when that source is chosen."""
 
     quality: QualitySpec | None = None
-    tolerances: TolerancesSpec | None = None
 
 
 def _merged(base: Any, override: Any) -> Any:
@@ -440,7 +407,7 @@ class Spec(_Section):
     @model_validator(mode="before")
     @classmethod
     def _apply_source(cls, raw: Any) -> Any:
-        """The chosen data source's overrides (`sources.<data.source>`), merged over quality and tolerances."""
+        """The chosen data source's overrides (`sources.<data.source>`), merged over quality."""
         if not isinstance(raw, dict) or not isinstance(raw.get("sources"), dict):
             return raw
         data = raw.get("data") if isinstance(raw.get("data"), dict) else {}
@@ -448,7 +415,7 @@ class Spec(_Section):
         if not isinstance(chosen, dict):
             return raw
         merged = dict(raw)
-        defaults = {"quality": QualitySpec, "tolerances": TolerancesSpec}
+        defaults = {"quality": QualitySpec}
         for section, model in defaults.items():
             if isinstance(chosen.get(section), dict):
                 base = raw.get(section) if isinstance(raw.get(section), dict) else model().model_dump(mode="json")
