@@ -47,3 +47,21 @@ def test_holm_rejects_step_down() -> None:
     assert holm_rejected([0.02, 0.03], 0.05) == [True, True]  # 0.02 <= 0.025, then 0.03 <= 0.05
     assert holm_rejected([0.03, 0.03], 0.05) == [False, False]  # 0.03 > 0.025 stops at the first
     assert holm_rejected([], 0.05) == []
+
+
+def test_a_replicated_models_floor_judges_the_median_and_names_an_outlier() -> None:
+    from pipelines.checks.exports import quality_floor
+    from pipelines.checks.ledger import MIN_TEST_ACCURACY, Ledger
+    from rosetta_common.spec import parse_spec
+
+    spec = parse_spec({"models": ["mlp", "cnn"], "quality": {"min_test_accuracy": {"mlp": 0.95, "cnn": 0.9}}})
+    ledger = Ledger()
+    reps = [{"test_accuracy": a} for a in (0.95, 0.96, 0.94)]
+    quality_floor(spec, ledger, "cnn", "torch", {"test_accuracy": 0.85, "replicates": reps})  # one bad path
+    quality_floor(spec, ledger, "cnn", "tf", {"test_accuracy": 0.95, "replicates": [{"test_accuracy": 0.8}] * 3})
+    quality_floor(spec, ledger, "mlp", "jax", {"test_accuracy": 0.85, "replicates": None})
+    torch, tf, jax = ledger.checks
+    assert all(c.name == MIN_TEST_ACCURACY for c in ledger.checks)
+    assert torch.passed and torch.value == 0.945 and "rank 1 of 4" in torch.detail and "an outlier" in torch.detail
+    assert not tf.passed and tf.value == 0.8 and "rank 4 of 4" in tf.detail and "outlier" not in tf.detail
+    assert not jax.passed and jax.value == 0.85 and jax.tolerance == 0.95

@@ -33,7 +33,7 @@ from typing import Any
 
 from pipelines import measurements, paths
 from pipelines.checks.data_parallel import data_parallel_parity
-from pipelines.checks.exports import check_framework
+from pipelines.checks.exports import check_framework, quality_floor
 from pipelines.checks.forward import forward_parity, trained_weights_vs_native
 from pipelines.checks.integrity import intact
 from pipelines.checks.ledger import ARTIFACTS_READABLE, Ledger
@@ -80,6 +80,7 @@ def main(argv: list[str]) -> int:
                 runs[fw] = check_framework(spec, ledger, arch, fw, data, batch, record)
                 count = spec.replicates.count if arch in spec.replicates.models else 0
                 runs[fw]["replicates"] = read_replicates(ledger, arch, fw, count)
+                quality_floor(spec, ledger, arch, fw, runs[fw])
             except (OSError, KeyError, ValueError, TypeError) as error:
                 ledger.add(arch, fw, ARTIFACTS_READABLE, None, None, False, f"{type(error).__name__}: {error}")
         measured += [{"model": arch, "framework": fw, "test_accuracy": run["test_accuracy"],
