@@ -10,7 +10,9 @@ import math
 import numpy as np
 import pytest
 
-from pipelines.checks.replicate_null import cross_and_within, holm_rejected, mid_ranks, rank_sum_p
+from pipelines.checks.ledger import Ledger
+from pipelines.checks.replicate_null import cross_and_within, holm_rejected, mid_ranks, rank_sum_p, smallest_p
+from pipelines.checks.replicates import parted
 from support import run_in
 
 
@@ -39,9 +41,44 @@ def test_rank_sum_p_extremes() -> None:
 
 
 def test_cross_and_within_pairs_replicate_i_with_replicate_i() -> None:
-    cross, within = cross_and_within(0.0, 1.0, [0.1, 0.2], [1.5, 1.0], lambda x, y: abs(x - y))
+    cross, within = cross_and_within(0.0, 1.0, [0.1, 0.2], [1.5, 1.0], lambda x, y: abs(x - y),
+                                     [True, True], [True, True])
     assert cross == [1.0, 1.4, 0.8]
     assert within == pytest.approx([0.1, 0.2, 0.5, 0.0])
+
+
+def test_a_replicate_still_in_lockstep_with_its_run_is_no_sample_of_chaos() -> None:
+    cross, within = cross_and_within(0.0, 1.0, [0.1, 0.2], [1.5, 1.0], lambda x, y: abs(x - y),
+                                     [False, True], [True, False])
+    assert cross == [1.0, 1.4, 0.8]
+    assert within == pytest.approx([0.2, 0.5])
+
+
+def test_parted_reads_each_replicates_step_losses_against_its_own_runs() -> None:
+    run = {"step_losses": [2.0, 1.0, 0.5],
+           "replicates": [{"step_losses": [2.0, 1.0, 0.5]}, {"step_losses": [2.0, 1.0 + 2e-5, 0.5]},
+                          {"step_losses": [2.0, 1.0 + 5e-6, 0.5]}]}
+    assert parted(run, 1e-5) == [False, True, False]
+    assert parted({"step_losses": [1.0], "replicates": None}, 1e-5) == []
+
+
+def test_a_null_too_thin_to_reject_leaves_the_float32_bound_standing() -> None:
+    """Holm's first threshold is alpha over the family: a null whose smallest possible p is above it cannot
+    judge, so its figure fails (it is beyond its float32 bound, or it would not be judged by a null)."""
+    assert smallest_p(6, 10) == pytest.approx(1 / 8008)
+    assert smallest_p(6, 0) == 1.0
+    ledger = Ledger()
+    thin = {"cross": [1.0] * 6, "within": [0.5, 0.6], "p_value": 1 / 28}  # as small as two values allow
+    wide = {"cross": [0.5] * 6, "within": [0.5] * 10, "p_value": 1.0}
+    strong = {"cross": [2.0] * 6, "within": [0.1] * 10, "p_value": 1 / 8008}
+    for subject, null in (("torch|tf", thin), ("torch|jax", wide), ("tf|jax", strong)):
+        ledger.add_null("cnn", subject, "test_loss_rel", 0.01, 1e-3, null, "runs part")
+    ledger.judge_nulls(0.05)
+    thin_check, wide_check, strong_check = ledger.checks
+    assert not thin_check.passed and "the float32 bound stands" in thin_check.detail, thin_check.detail
+    assert wide_check.passed and "no larger at alpha 0.05, Holm over 3" in wide_check.detail
+    assert not strong_check.passed and "different at alpha 0.05" in strong_check.detail
+    assert all(c.null["holm_family"] == 3 for c in ledger.checks)
 
 
 def test_holm_rejects_step_down() -> None:

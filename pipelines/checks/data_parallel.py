@@ -46,9 +46,9 @@ def read_run(log_path: Any, weights_path: Any, config: ModelConfig, train_plan: 
 
 
 def end_record(side: Side, predictions: np.ndarray, reps: list[dict[str, Any]] | None) -> dict[str, Any]:
-    """A run as judge_end reads one: its test figures and predictions, and its replicates."""
+    """A run as judge_end reads one: its test figures, predictions and step losses, and its replicates."""
     return {"test_loss": side.test_loss, "test_accuracy": side.test_accuracy, "test_predictions": predictions,
-            "replicates": reps}
+            "step_losses": side.losses, "replicates": reps}
 
 
 def data_parallel_parity(spec: Spec, ledger: Ledger, cache: dict[str, Dataset],

@@ -18,6 +18,9 @@ from rosetta_common.metrics import accuracy, max_abs_diff, softmax_cross_entropy
 from rosetta_common.onnx_conventions import violations
 from rosetta_common.spec import Spec, TolerancesSpec
 
+# Native formats whose reload compiles the program anew (the rest reload the same program).
+RECOMPILED_ON_RELOAD = frozenset({"jax_export"})
+
 
 def onnx_tolerance(tol: TolerancesSpec, expected: np.ndarray) -> float:
     """allclose's bound at the largest logit: abs + rel * max|expected|."""
@@ -60,12 +63,18 @@ def check_framework(spec: Spec, ledger: Ledger, arch: str, fw: str, data: Any, b
         ledger.add(arch, fw, names.ONNX_TEST_ACCURACY_EQUALS_NATIVE, abs(onnx_acc - figures["test_accuracy"]), 0.0,
                    onnx_acc == figures["test_accuracy"],
                    f"onnx {onnx_acc:.4f}, native {figures['test_accuracy']:.4f}")
-    # A reloaded format may be recompiled (jax.export: XLA fuses anew), so a few float32 steps at the largest
-    # logit are allowed, as for ONNX Runtime: abs + rel * max|logit| of the validation batch.
-    roundtrip_bound = tol.native_roundtrip_abs + tol.native_roundtrip_rel * float(
-        np.abs(native["validation_logits"]).max())
+    # A reload of the same program gives its logits within a float32 step or two of the largest (abs + rel *
+    # max|logit| of the validation batch). A format reloaded as a program compiled anew is another compilation,
+    # held to what ONNX Runtime's is (onnx_vs_native): jax.export's StableHLO has a symbolic batch dimension, and
+    # XLA fuses and orders the sums of the polymorphic program otherwise (measured: 1.9e-6, two float32 steps at a
+    # largest logit of 8.0, in 2 of 10 seeds).
+    scale = float(np.abs(native["validation_logits"]).max())
     for fmt, err in record["native_roundtrip_max_abs"].items():
-        ledger.add(arch, fw, names.native_roundtrip(fmt), err, roundtrip_bound)
+        if fmt in RECOMPILED_ON_RELOAD:
+            bound, why = tol.onnx_vs_native_abs + tol.onnx_vs_native_rel * scale, "compiled anew on reload"
+        else:
+            bound, why = tol.native_roundtrip_abs + tol.native_roundtrip_rel * scale, ""
+        ledger.add(arch, fw, names.native_roundtrip(fmt), err, bound, detail=why)
         runs_key, alone_key = paths.native_inference_keys(fmt)
         where = f"{paths.native_outputs(arch, fw)}: {fmt}"
         if runs_key in native and alone_key in native:

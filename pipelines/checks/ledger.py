@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from pipelines.checks.replicate_null import holm_rejected
+from pipelines.checks.replicate_null import holm_rejected, smallest_p
 from rosetta_common.errors import RosettaError
 
 # One framework's run (pipelines/checks/integrity.py, exports.py, inference_mode.py).
@@ -177,15 +177,24 @@ class Ledger:
         self.checks.append(Check(name, model, subject, value, tolerance, False, detail, null))
 
     def judge_nulls(self, alpha: float) -> None:
-        """Decide every null-judged check together: Holm's step-down over their p-values at `alpha`."""
+        """Decide every null-judged check together: Holm's step-down over their p-values at `alpha`. A null too
+        thin to reject at Holm's first threshold (alpha over the family) cannot judge: its figure stays held to
+        the float32 bound it exceeded, and fails."""
         at = [i for i, check in enumerate(self.checks) if check.null is not None]
         rejected = holm_rejected([self.checks[i].null["p_value"] for i in at], alpha)
         for i, different in zip(at, rejected, strict=True):
             check = self.checks[i]
-            self.checks[i] = replace(
-                check, passed=not different, null={**check.null, "holm_family": len(at)},
-                detail=f"{check.detail}; {'different' if different else 'no larger'} at alpha {alpha}, "
-                       f"Holm over {len(at)}")
+            null = check.null
+            floor = smallest_p(len(null["cross"]), len(null["within"]))
+            if floor > alpha / len(at):
+                verdict = (f"too few replicates parted from their runs ({len(null['within'])} within-framework "
+                           f"distances): the smallest p possible, {floor:.3g}, is above alpha / {len(at)}, so the "
+                           "null cannot judge and the float32 bound stands")
+                different = True
+            else:
+                verdict = f"{'different' if different else 'no larger'} at alpha {alpha}, Holm over {len(at)}"
+            self.checks[i] = replace(check, passed=not different, null={**null, "holm_family": len(at)},
+                                     detail=f"{check.detail}; {verdict}")
 
     def rows(self) -> list[dict[str, Any]]:
         return [check.row() for check in self.checks]

@@ -16,7 +16,7 @@ from pipelines import paths
 from pipelines.checks import ledger as names
 from pipelines.checks.ledger import FIGURES, Ledger
 from pipelines.checks.replicate_null import cross_and_within
-from pipelines.checks.replicates import disagreement, end_figures, end_of_training
+from pipelines.checks.replicates import disagreement, end_figures, end_of_training, parted
 from pipelines.checks.train_logs import read_step_losses
 from rosetta_common.errors import RosettaError
 from rosetta_common.metrics import max_abs_diff, parting_step, relative_diff
@@ -94,6 +94,7 @@ def training_parity(spec: Spec, ledger: Ledger, arch: str, runs: dict[str, dict[
     for fw in runs:
         try:
             logs[fw] = read_step_losses(paths.train_log(arch, fw), train_plan.num_steps)
+            runs[fw]["step_losses"] = logs[fw]  # its replicates' parting steps, for the null
             weights[fw] = load_weights(paths.trained_weights(arch, fw), config)
         except RosettaError as error:
             ledger.add(arch, fw, names.TRAINING_RECORD_READABLE, None, None, False, str(error))
@@ -115,7 +116,7 @@ def judge_end(ledger: Ledger, arch: str, pair: str, fig: dict[str, Any], tol: To
     """The end-of-training checks of one pair (two frameworks' runs, or a data-parallel run and another run):
     each figure within its float32 bound passes; beyond it, runs still in lockstep fail and runs that parted are
     judged against the null of both sides' one-ulp replicates (replicates.end_of_training). `a` and `b`: each run's
-    test loss, accuracy and predictions, and its "replicates" (None: it has none)."""
+    test loss, accuracy, predictions and step losses, and its "replicates" (None: it has none)."""
     parting = fig["parting_step"]
     have = a["replicates"] is not None and b["replicates"] is not None
     for figure in FIGURES:
@@ -127,7 +128,8 @@ def judge_end(ledger: Ledger, arch: str, pair: str, fig: dict[str, Any], tol: To
         null = None
         if have:
             fa, fb = end_figures(a), end_figures(b)
-            null = cross_and_within(fa[0], fb[0], fa[1:], fb[1:], END_OF_TRAINING[figure.key])
+            null = cross_and_within(fa[0], fb[0], fa[1:], fb[1:], END_OF_TRAINING[figure.key],
+                                    parted(a, tol.lockstep_loss_rel), parted(b, tol.lockstep_loss_rel))
         bound = getattr(tol, figure.tolerance) if figure.tolerance is not None else 0.0
         end_of_training(ledger, arch, pair, check, fig[figure.key], bound, parting, null)
 
@@ -175,7 +177,8 @@ def running_statistics(spec: Spec, ledger: Ledger, arch: str, weights: dict[str,
             if reps[0] is not None and reps[1] is not None:
                 null = cross_and_within(weights[a], weights[b], [r["statistics"] for r in reps[0]],
                                         [r["statistics"] for r in reps[1]],
-                                        lambda x, y, s=statistic: worst_layer(statistics_by_layer(x, y), s)[0])
+                                        lambda x, y, s=statistic: worst_layer(statistics_by_layer(x, y), s)[0],
+                                        *(parted(runs[fw], spec.tolerances.lockstep_loss_rel) for fw in (a, b)))
             end_of_training(ledger, arch, pair, names.statistic_check(statistic), value, tol, parting.get(pair),
                             null)
             last = ledger.checks[-1]

@@ -8,20 +8,25 @@ BatchNorm running statistics) can no longer be held to a float32 bound. Each fra
 relative difference of two test losses), a pair of frameworks a, b gives
 
 - cross distances: d(run_a, run_b) and d(replicate_a_i, replicate_b_i) for every i (K + 1 values);
-- within distances: d(run_a, replicate_a_i) and d(run_b, replicate_b_i) for every i (2K values): what one ulp,
-  and the rounding it sets off, does inside one framework.
+- within distances: d(run_a, replicate_a_i) and d(run_b, replicate_b_i) for every replicate i that parted from
+  its own run (its step losses beyond tolerances.lockstep_loss_rel somewhere; up to 2K values): what chaos does
+  inside one framework once one ulp has set it off. A replicate still in lockstep with its run at the end is no
+  sample of chaos: its distance is a float32 step, and counting it would hold parted runs to the float32 bound
+  by another name (TF's cnn replicates stayed in lockstep with TF's run in 13 of 50 runs, seeds 1 to 10).
 
 A porting mistake makes the cross distances larger than the within ones: the check fails when an exact one-sided
 permutation test of the rank sum (Wilcoxon-Mann-Whitney, ties at mid-ranks, every split of the pooled values
 counted, so no approximation at small K) rejects "the cross distances are no larger" at tolerances.null_alpha,
 Holm-corrected over every such test of the run. With K = 5 the smallest p-value possible is 1 / C(16, 6), about
-1.2e-4: room for Holm over a few dozen tests.
+1.2e-4: room for Holm over a few dozen tests. A null too thin to reject at Holm's first threshold (alpha over
+the family; smallest_p) cannot judge: the figure stays held to its float32 bound, and fails.
 
 Written with numpy alone (the validation environment has no scipy); the exact distribution is a subset-sum count.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -60,11 +65,19 @@ def rank_sum_p(cross: Sequence[float], within: Sequence[float]) -> float:
     return float(ways[k, observed:].sum() / total)
 
 
+def smallest_p(n_cross: int, n_within: int) -> float:
+    """The smallest p-value rank_sum_p can give with these sample sizes: every cross value above every within."""
+    return 1.0 / math.comb(n_cross + n_within, n_cross)
+
+
 def cross_and_within(run_a: Any, run_b: Any, reps_a: Sequence[Any], reps_b: Sequence[Any],
-                     distance: Callable[[Any, Any], float]) -> tuple[list[float], list[float]]:
-    """The K + 1 cross and 2K within distances of one figure (module docstring)."""
+                     distance: Callable[[Any, Any], float], parted_a: Sequence[bool], parted_b: Sequence[bool]
+                     ) -> tuple[list[float], list[float]]:
+    """The K + 1 cross distances of one figure and its within distances, of the replicates that parted from
+    their own run (`parted_a`, `parted_b`: per replicate; module docstring)."""
     cross = [distance(run_a, run_b), *(distance(a, b) for a, b in zip(reps_a, reps_b, strict=True))]
-    within = [*(distance(run_a, a) for a in reps_a), *(distance(run_b, b) for b in reps_b)]
+    within = [*(distance(run_a, a) for a, p in zip(reps_a, parted_a, strict=True) if p),
+              *(distance(run_b, b) for b, p in zip(reps_b, parted_b, strict=True) if p)]
     return [float(c) for c in cross], [float(w) for w in within]
 
 

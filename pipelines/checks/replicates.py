@@ -47,8 +47,8 @@ def read_replicates(ledger: Ledger, arch: str, fw: str, count: int, run: Path | 
 
 def end_of_training(ledger: Ledger, arch: str, pair: str, check: str, value: float, tolerance: float | None,
                     parting: int | None, null: tuple[list[float], list[float]] | None) -> None:
-    """One end-of-training figure of a pair of frameworks (`null`: its cross- and within-framework distances, or
-    None where there are no replicates)."""
+    """One end-of-training figure of a pair of frameworks (`null`: its cross-framework distances and the
+    within-framework ones of replicates that parted from their run, or None where there are no replicates)."""
     if tolerance is not None and value <= tolerance:
         where = "in lockstep to the end" if parting is None else f"runs part at step {parting}"
         ledger.add(arch, pair, check, value, tolerance, True, f"{where}; within the float32 bound")
@@ -74,6 +74,13 @@ def replicate_figures(spec: Spec, arch: str, fw: str, run: dict[str, Any], train
     return [{"replicate": r["replicate"], "test_accuracy": r["test_accuracy"], "test_loss": r["test_loss"],
              "parts_from_run_at_step": parting_step(r["step_losses"], own, spec.tolerances.lockstep_loss_rel)}
             for r in run["replicates"]]
+
+
+def parted(run: dict[str, Any], tolerance: float) -> list[bool]:
+    """Per replicate of `run` (a record with its "step_losses" and "replicates"): whether it parted from the run
+    (their step losses beyond `tolerance`, tolerances.lockstep_loss_rel, at some step)."""
+    return [parting_step(r["step_losses"], run["step_losses"], tolerance) is not None
+            for r in run["replicates"] or []]
 
 
 def end_figures(run: dict[str, Any]) -> list[dict[str, Any]]:
