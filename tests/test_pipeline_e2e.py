@@ -23,6 +23,8 @@ from support import MODELS, TINY, VALIDATE, TinyRun, ran_stages, sh
 
 FRAMEWORKS = ["torch", "tf", "jax"]
 PAIRS = ["torch|tf", "torch|jax", "tf|jax"]
+LOCKSTEP_CHECKS = {"weights": "lockstep_weights_rel", "logits": "lockstep_logits_rel",
+                   "running_statistics": "lockstep_running_stats_rel"}
 STAGES = {"data", "init", "serve", "validate", "report"} | {
     f"{s}@{f}" for f in FRAMEWORKS for s in ("train_export", "train_dp")}
 # What a train_export stage publishes for each model, and nothing else: one run folder per model.
@@ -106,13 +108,16 @@ def test_validation_report_passes_with_every_check(tiny_pipeline: TinyRun) -> No
     # every pair's state at every lockstep checkpoint, as params.yaml lists them
     steps = yaml.safe_load((tiny_pipeline.root / "params.yaml").read_text())["tolerances"]["lockstep_checkpoints"]
     lockstep = {(r["model"], r["frameworks"]): r for r in report["lockstep"]}
+    rows = {(r["model"], r["framework"], r["check"]): r for r in report["checks"]}
     assert sorted(lockstep) == sorted((m, p) for m in MODELS for p in PAIRS)
     for (m, _), record in lockstep.items():
         assert [c["step"] for c in record["checkpoints"]] == steps, record
         for point in record["checkpoints"]:
             kinds = {"weights", "logits"} | ({"running_statistics"} if has_batchnorm(m) else set())
             assert set(point) - {"step"} == kinds, point
-            assert all(point[k]["max_rel"] <= record["tolerance"] for k in kinds), point
+            for k in kinds:  # within the float32 bound, or judged against the replicates' null (and passed)
+                row = rows[(m, record["frameworks"], LOCKSTEP_CHECKS[k])]
+                assert point[k]["max_rel"] <= record["tolerance"] or "null" in row, (point, row)
     with_bn = [m for m in MODELS if has_batchnorm(m)]
     assert with_bn, "TINY has no model with BatchNorm: the running-statistics figure is never made"
     statistics = report["running_statistics"]

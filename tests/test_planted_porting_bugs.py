@@ -5,7 +5,9 @@ validate runs. It must exit non-zero and fail the named check for both pairs wit
 every check of the third pair must pass. The unplanted tiny run passes validate (test_pipeline_e2e.py).
 
 Each mistake changes something the frameworks compute alike while their runs are in lockstep, so a float32 bound
-catches it before the runs part and chaos hides it:
+catches it before the runs part and chaos hides it (a lockstep figure beyond it is judged against the one-ulp
+replicates' checkpoints, which every mistake here exceeds by orders of magnitude, or, where too few replicates
+make the null unable to judge, the bound stands):
 - torch's BatchNorm given the spec's momentum, and torch's unbiased running variance left uncorrected: training
   losses unchanged (training normalizes by the batch's statistics); the running statistics at the lockstep
   checkpoints (lockstep_running_stats_rel) part at once;

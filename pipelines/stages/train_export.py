@@ -44,7 +44,7 @@ from rosetta_common.interface import TrainResult
 from rosetta_common.io import read_json, sha256, staged_outputs, write_json
 from rosetta_common.metrics import max_abs_diff
 from rosetta_common.spec import Spec
-from rosetta_common.weights import Weights
+from rosetta_common.weights import Weights, perturbed
 
 
 def train(backend: ModuleType, job: Job, data: Dataset, out: Path, where: str) -> tuple[Any, TrainResult]:
@@ -66,22 +66,35 @@ def train_replicates(backend: ModuleType, spec: Spec, job: Job, data: Dataset, o
 
 def record_checkpoints(backend: ModuleType, spec: Spec, job: Job, data: Dataset, batch: np.ndarray,
                        result: TrainResult, out: Path, where: str) -> None:
-    """The run's state at each of tolerances.lockstep_checkpoints, for the validator's strict lockstep checks:
-    the same training stopped after that step (TrainPlan.truncated: the same batches and masks, from the same
-    seed), its canonical weights (BatchNorm's running statistics among them) and eval-mode logits of the
-    validation batch, as checkpoints.npz. Its step losses must be the run's first ones bit for bit, else the
-    state is not the run's and nothing is published. A loop with a hook in each package would save the retraining
-    (a few dozen steps per model); this keeps the packages' one contract, train(model, plan, data)."""
+    """The run's state at each of tolerances.lockstep_checkpoints, for the validator's lockstep checks: the same
+    training stopped after that step (TrainPlan.truncated: the same batches and masks, from the same seed), its
+    canonical weights (BatchNorm's running statistics among them) and eval-mode logits of the validation batch,
+    as checkpoints.npz. Its step losses must be the run's first ones bit for bit, else the state is not the run's
+    and nothing is published. The same for each of `replicates.count` one-ulp replicates (weights.perturbed), for
+    every model, with their step losses through the lockstep window: the null of the lockstep checks, what the
+    framework's own rounding does to the state in those steps ("replicate<i>/..."). A loop with a hook in each
+    package would save the retraining (a few dozen steps per model and replicate); this keeps the packages' one
+    contract, train(model, plan, data)."""
+    steps = list(spec.tolerances.lockstep_checkpoints)
+    window = min(spec.tolerances.lockstep_steps, job.plan.num_steps)
     arrays: dict[str, np.ndarray] = {}
-    for step in spec.tolerances.lockstep_checkpoints:
-        backend.configure(spec.seed)  # as the run itself started
-        model = backend.build(job.config, job.init)
-        partial = backend.train(model, job.plan.truncated(step), data)
-        if list(partial.step_losses) != list(result.step_losses[:step]):
-            raise TrainingError(f"{where}: stopped after step {step}, training gave other losses than the run's "
-                                f"first {step}: its state is not the run's")
-        arrays |= {f"step{step}/{name}": value for name, value in backend.to_canonical(model).items()}
-        arrays[f"step{step}/validation_logits"] = backend.predict(model, batch)
+    for replicate in range(spec.replicates.count + 1):  # 0: the run itself
+        init = job.init if replicate == 0 else perturbed(job.init, replicate)[0]
+        prefix = "" if replicate == 0 else f"replicate{replicate}/"
+        # The window's losses come with the longest stop; a window past the last checkpoint is one more stop.
+        stops = steps if replicate == 0 or window <= max(steps) else [*steps, window]
+        for step in stops:
+            backend.configure(spec.seed)  # as the run itself started
+            model = backend.build(job.config, init)
+            partial = backend.train(model, job.plan.truncated(step), data)
+            if replicate == 0 and list(partial.step_losses) != list(result.step_losses[:step]):
+                raise TrainingError(f"{where}: stopped after step {step}, training gave other losses than the "
+                                    f"run's first {step}: its state is not the run's")
+            if step in steps:
+                arrays |= {f"{prefix}step{step}/{name}": value for name, value in backend.to_canonical(model).items()}
+                arrays[f"{prefix}step{step}/validation_logits"] = backend.predict(model, batch)
+            if replicate and step == stops[-1]:
+                arrays[f"{prefix}step_losses"] = np.asarray(partial.step_losses[:window], np.float64)
     with open(out / paths.CHECKPOINTS_FILE, "wb") as f:
         np.savez(f, **arrays)
 

@@ -89,7 +89,7 @@ def main(argv: list[str]) -> int:
                      for fw, run in runs.items()]
         forward_parity(spec, ledger, arch, runs, batch, config)
         figures, trained = training_parity(spec, ledger, arch, runs, data, config)
-        lockstep += lockstep_checkpoints(spec, ledger, arch, list(runs), config, len(batch))
+        lockstep += lockstep_checkpoints(spec, ledger, arch, runs, config, len(batch))
         trained_weights_vs_native(spec, ledger, arch, trained, batch, config)
         parity += figures
         parting = {f["frameworks"]: f["parting_step"] for f in figures}
