@@ -177,18 +177,18 @@ class Ledger:
         self.checks.append(Check(name, model, subject, value, tolerance, False, detail, null))
 
     def judge_nulls(self, alpha: float) -> None:
-        """Decide every null-judged check together: Holm's step-down over their p-values at `alpha`. A null too
-        thin to reject at Holm's first threshold (alpha over the family) cannot judge: its figure stays held to
-        the float32 bound it exceeded, and fails."""
+        """Decide every null-judged check together: Holm's step-down over their p-values at `alpha`. A null that
+        could not reject at any step of Holm's (the smallest p its sample sizes allow above `alpha`: too few
+        replicates parted) cannot judge: its figure stays held to the float32 bound it exceeded, and fails."""
         at = [i for i, check in enumerate(self.checks) if check.null is not None]
         rejected = holm_rejected([self.checks[i].null["p_value"] for i in at], alpha)
         for i, different in zip(at, rejected, strict=True):
             check = self.checks[i]
             null = check.null
             floor = smallest_p(len(null["cross"]), len(null["within"]))
-            if floor > alpha / len(at):
+            if floor > alpha:
                 verdict = (f"too few replicates parted from their runs ({len(null['within'])} within-framework "
-                           f"distances): the smallest p possible, {floor:.3g}, is above alpha / {len(at)}, so the "
+                           f"distances): the smallest p possible, {floor:.3g}, is above alpha {alpha}, so the "
                            "null cannot judge and the float32 bound stands")
                 different = True
             else:

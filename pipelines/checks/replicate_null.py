@@ -18,8 +18,9 @@ A porting mistake makes the cross distances larger than the within ones: the che
 permutation test of the rank sum (Wilcoxon-Mann-Whitney, ties at mid-ranks, every split of the pooled values
 counted, so no approximation at small K) rejects "the cross distances are no larger" at tolerances.null_alpha,
 Holm-corrected over every such test of the run. With K = 5 the smallest p-value possible is 1 / C(16, 6), about
-1.2e-4: room for Holm over a few dozen tests. A null too thin to reject at Holm's first threshold (alpha over
-the family; smallest_p) cannot judge: the figure stays held to its float32 bound, and fails.
+1.2e-4: room for Holm over a few dozen tests. A null too thin to reject at any step of Holm's (its smallest
+possible p above alpha; smallest_p) cannot judge: the figure stays held to its float32 bound, and fails. (Against
+alpha over the family instead, one failing check elsewhere would widen the family and silence other nulls.)
 
 Written with numpy alone (the validation environment has no scipy); the exact distribution is a subset-sum count.
 """

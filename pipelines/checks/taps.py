@@ -182,9 +182,10 @@ def localize(ledger: Ledger, arch: str, figures: Mapping[str, Any]) -> None:
     """Name, in the detail of every failing check of `arch` that the taps explain, the first tap over its
     tolerance (where_it_parts), and point at the report's figure."""
     for i, check in enumerate(ledger.checks):
-        # A check judged against the replicates' null stands failed until judge_nulls decides it, after every
-        # model: not localized (its runs have parted, so their trained taps part from the first layer on anyway).
-        if check.model != arch or check.passed or check.null is not None:
+        # An end-of-training check judged against the replicates' null stands failed until judge_nulls decides
+        # it, after every model: not localized (its runs have parted, so their trained taps part from the first
+        # layer on anyway). A lockstep check judged so is: its runs have not parted.
+        if check.model != arch or check.passed or (check.null is not None and check.name in names.END_OF_TRAINING_PAIR):
             continue
         said = where_it_parts(check, figures)
         if said is not None:
