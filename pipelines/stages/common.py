@@ -115,10 +115,10 @@ def steady_samples_per_second(result: TrainResult, job: Job) -> float | None:
 
 
 def replicates(backend: ModuleType, spec: Spec, job: Job, data: Dataset, out: Path | None, where: str,
-               fit: Callable[[Weights], tuple[Any, TrainResult]]) -> None:
+               fit: Callable[[int, Weights], tuple[Any, TrainResult]]) -> None:
     """The measured null (params.yaml `replicates`): the same training from the init moved by one ulp
     (rosetta_common.weights.perturbed), `replicates.count` times for each of `replicates.models`, each trained by
-    `fit` (a single process, or every worker of a data-parallel run) and scored only. Into `out` (None: a
+    `fit(i, init)` (a single process, or every worker of a data-parallel run) and scored only. Into `out` (None: a
     data-parallel worker other than rank 0, which trains and writes nothing): replicates.json with each one's test
     figures and step losses; replicates.npz with its test predictions and BatchNorm running statistics, which
     the validator compares within and across frameworks."""
@@ -129,7 +129,7 @@ def replicates(backend: ModuleType, spec: Spec, job: Job, data: Dataset, out: Pa
     for i in range(1, count + 1):
         backend.configure(spec.seed)  # as the run itself started: only the one ulp differs
         init, moved = perturbed(job.init, i)
-        model, result = fit(init)
+        model, result = fit(i, init)
         if out is None:
             continue
         check_training(result, job.plan, f"{where} replicate {i}")

@@ -64,8 +64,8 @@ def main(argv: list[str]) -> int:
             # that judges this run against its single-process run once the two part, as for two frameworks.
             with clock.phase(f"{job.arch}.replicates"):
                 replicates(backend, spec, job, job.data, run, where,
-                           lambda init, job=job: backend.train_data_parallel(job.config, init, job.plan, job.data,
-                                                                             cluster))
+                           lambda _, init, job=job: backend.train_data_parallel(job.config, init, job.plan,
+                                                                                job.data, cluster))
             if run is None:
                 continue
             measurements.write(job.arch, f"{fw}-dp", {

@@ -44,59 +44,77 @@ from rosetta_common.interface import TrainResult
 from rosetta_common.io import read_json, sha256, staged_outputs, write_json
 from rosetta_common.metrics import max_abs_diff
 from rosetta_common.spec import Spec
+from rosetta_common.training import StepHook
 from rosetta_common.weights import Weights, perturbed
 
 
-def train(backend: ModuleType, job: Job, data: Dataset, out: Path, where: str) -> tuple[Any, TrainResult]:
+class Checkpoints:
+    """The run's state at each of tolerances.lockstep_checkpoints, for the validator's lockstep checks, taken
+    by a StepHook from the training itself: its canonical weights (BatchNorm's running statistics among them) and
+    eval-mode logits of the validation batch, as checkpoints.npz. The same for each of `replicates.count` one-ulp
+    replicates (weights.perturbed), for every model, with their step losses through the lockstep window: the null
+    of the lockstep checks, what the framework's own rounding does to the state in those steps
+    ("replicate<i>/..."). A replicate that trains in full for the end-of-training null (replicates.models) gives
+    its checkpoints on the way; the others train only through the last checkpoint or the window."""
+
+    def __init__(self, backend: ModuleType, spec: Spec, job: Job, batch: np.ndarray) -> None:
+        self.backend, self.spec, self.job, self.batch = backend, spec, job, batch
+        self.steps = list(spec.tolerances.lockstep_checkpoints)
+        self.window = min(spec.tolerances.lockstep_steps, job.plan.num_steps)
+        self.states: dict[int, dict[str, np.ndarray]] = {}  # replicate (0: the run itself) -> its arrays
+
+    def hook(self, replicate: int) -> StepHook:
+        prefix = "" if replicate == 0 else f"replicate{replicate}/"
+        arrays = self.states.setdefault(replicate, {})
+
+        def record(step: int, model: Any) -> None:
+            arrays.update({f"{prefix}step{step}/{name}": value
+                           for name, value in self.backend.to_canonical(model).items()})
+            arrays[f"{prefix}step{step}/validation_logits"] = self.backend.predict(model, self.batch)
+
+        return StepHook(frozenset(self.steps), record)
+
+    def ran(self, replicate: int, result: TrainResult) -> None:
+        """A replicate's training ended (in full, or through the window): its window's losses."""
+        if len(result.step_losses) < self.window:
+            raise TrainingError(f"replicate {replicate}: {len(result.step_losses)} steps, fewer than the lockstep "
+                                f"window's {self.window}")
+        self.states[replicate][f"replicate{replicate}/step_losses"] = np.asarray(
+            result.step_losses[:self.window], np.float64)
+
+    def complete(self, data: Dataset, out: Path) -> None:
+        """Train the replicates that have not run yet through the last checkpoint or the window, then write."""
+        last = max(*self.steps, self.window)
+        for replicate in range(1, self.spec.replicates.count + 1):
+            if replicate in self.states:
+                continue
+            self.backend.configure(self.spec.seed)  # as the run itself started
+            model = self.backend.build(self.job.config, perturbed(self.job.init, replicate)[0])
+            self.ran(replicate, self.backend.train(model, self.job.plan.truncated(last), data, self.hook(replicate)))
+        arrays = {k: v for replicate in sorted(self.states) for k, v in self.states[replicate].items()}
+        with open(out / paths.CHECKPOINTS_FILE, "wb") as f:
+            np.savez(f, **arrays)
+
+
+def train(backend: ModuleType, job: Job, data: Dataset, out: Path, where: str,
+          checkpoints: Checkpoints) -> tuple[Any, TrainResult]:
     model = backend.build(job.config, job.init)
-    result = backend.train(model, job.plan, data)
+    result = backend.train(model, job.plan, data, checkpoints.hook(0))
     record_training(backend, job, model, result, data, out, where)
     return model, result
 
 
-def train_replicates(backend: ModuleType, spec: Spec, job: Job, data: Dataset, out: Path, where: str) -> None:
+def train_replicates(backend: ModuleType, spec: Spec, job: Job, data: Dataset, out: Path, where: str,
+                     checkpoints: Checkpoints) -> None:
     """The measured null (params.yaml `replicates`, stages.common.replicates), each replicate trained as the run
-    was: built from its init, backend.train on the plan."""
-    def fit(init: Weights) -> tuple[Any, TrainResult]:
+    was: built from its init, backend.train on the plan (its lockstep checkpoints taken on the way)."""
+    def fit(replicate: int, init: Weights) -> tuple[Any, TrainResult]:
         model = backend.build(job.config, init)
-        return model, backend.train(model, job.plan, data)
+        result = backend.train(model, job.plan, data, checkpoints.hook(replicate))
+        checkpoints.ran(replicate, result)
+        return model, result
 
     replicates(backend, spec, job, data, out, where, fit)
-
-
-def record_checkpoints(backend: ModuleType, spec: Spec, job: Job, data: Dataset, batch: np.ndarray,
-                       result: TrainResult, out: Path, where: str) -> None:
-    """The run's state at each of tolerances.lockstep_checkpoints, for the validator's lockstep checks: the same
-    training stopped after that step (TrainPlan.truncated: the same batches and masks, from the same seed), its
-    canonical weights (BatchNorm's running statistics among them) and eval-mode logits of the validation batch,
-    as checkpoints.npz. Its step losses must be the run's first ones bit for bit, else the state is not the run's
-    and nothing is published. The same for each of `replicates.count` one-ulp replicates (weights.perturbed), for
-    every model, with their step losses through the lockstep window: the null of the lockstep checks, what the
-    framework's own rounding does to the state in those steps ("replicate<i>/..."). A loop with a hook in each
-    package would save the retraining (a few dozen steps per model and replicate); this keeps the packages' one
-    contract, train(model, plan, data)."""
-    steps = list(spec.tolerances.lockstep_checkpoints)
-    window = min(spec.tolerances.lockstep_steps, job.plan.num_steps)
-    arrays: dict[str, np.ndarray] = {}
-    for replicate in range(spec.replicates.count + 1):  # 0: the run itself
-        init = job.init if replicate == 0 else perturbed(job.init, replicate)[0]
-        prefix = "" if replicate == 0 else f"replicate{replicate}/"
-        # The window's losses come with the longest stop; a window past the last checkpoint is one more stop.
-        stops = steps if replicate == 0 or window <= max(steps) else [*steps, window]
-        for step in stops:
-            backend.configure(spec.seed)  # as the run itself started
-            model = backend.build(job.config, init)
-            partial = backend.train(model, job.plan.truncated(step), data)
-            if replicate == 0 and list(partial.step_losses) != list(result.step_losses[:step]):
-                raise TrainingError(f"{where}: stopped after step {step}, training gave other losses than the "
-                                    f"run's first {step}: its state is not the run's")
-            if step in steps:
-                arrays |= {f"{prefix}step{step}/{name}": value for name, value in backend.to_canonical(model).items()}
-                arrays[f"{prefix}step{step}/validation_logits"] = backend.predict(model, batch)
-            if replicate and step == stops[-1]:
-                arrays[f"{prefix}step_losses"] = np.asarray(partial.step_losses[:window], np.float64)
-    with open(out / paths.CHECKPOINTS_FILE, "wb") as f:
-        np.savez(f, **arrays)
 
 
 def export(backend: ModuleType, job: Job, model: Any, batch: np.ndarray, out: Path,
@@ -208,12 +226,13 @@ def run_model(backend: ModuleType, spec: Spec, job: Job, data: Dataset, clock: m
     backend.configure(spec.seed)
     batch = data.validation_batch(spec.export.validation_batch_size)
     with staged_outputs(paths.run_dir(arch, fw)) as out:
+        checkpoints = Checkpoints(backend, spec, job, batch)
         with clock.phase(f"{arch}.train"):
-            model, result = train(backend, job, data, out, where)
+            model, result = train(backend, job, data, out, where, checkpoints)
         with clock.phase(f"{arch}.replicates"):
-            train_replicates(backend, spec, job, data, out, where)
+            train_replicates(backend, spec, job, data, out, where, checkpoints)
         with clock.phase(f"{arch}.checkpoints"):
-            record_checkpoints(backend, spec, job, data, batch, result, out, where)
+            checkpoints.complete(data, out)
         initial, exported = export(backend, job, model, batch, out, clock)
         with clock.phase(f"{arch}.outputs"):
             record_outputs(backend, job, model, initial, data, batch, out)

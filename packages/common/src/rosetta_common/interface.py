@@ -20,8 +20,8 @@ As Keras 3 keeps one interface above `backend/{jax,tensorflow,torch}/`, `rosetta
   rosetta_common.optim's formula;
 - `train.apply_optimizer(optimizer, params, grads) -> [Weights]`: that real optimizer run on given
   gradients; the parameters after each step (what the conformance suite checks against the formula);
-- `train.train(model, plan, data) -> TrainResult`: train in place on the plan's batches in the plan's order,
-  showing progress;
+- `train.train(model, plan, data, hook=None) -> TrainResult`: train in place on the plan's batches in the plan's
+  order, showing progress; a rosetta_common.training.StepHook is called with the model after each of its steps;
 - `export.export_native(model, out_dir, example) -> [Path]`: the framework's native format(s), no pickle;
 - `export.load_native(out_dir) -> {format: predict}`: reload each native format (ArtifactError if missing
   or unsafe);

@@ -7,6 +7,7 @@ section or resolves a per-model learning rate on its own.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -67,6 +68,22 @@ class TrainPlan:
     def describe(self) -> dict[str, Any]:
         return {"optimizer": self.optimizer_name, "learning_rate": self.learning_rate, "epochs": self.epochs,
                 "batch_size": self.batch_size, "steps_per_epoch": self.steps_per_epoch}
+
+
+@dataclass(frozen=True)
+class StepHook:
+    """What train(model, plan, data, hook) calls during the run: `call(step, model)` right after each of `steps`
+    (1-based, counted over all epochs), the model in inference mode holding the state after that step (what the
+    same training on plan.truncated(step) ends in). `call` may only read the model (predict, to_canonical); the
+    run goes on bit for bit as it would without the hook. It is how the lockstep checkpoints are taken from the
+    run itself: stopping a fresh run at each step instead costs a build and, in TF and JAX, a compile per stop."""
+
+    steps: Collection[int]
+    call: Callable[[int, Any], None]
+
+    def __call__(self, step: int, model: Any) -> None:
+        if step in self.steps:
+            self.call(step, model)
 
 
 def plan(spec: Spec, arch: str, num_samples: int) -> TrainPlan:

@@ -28,7 +28,7 @@ from rosetta_common.interface import TrainResult
 from rosetta_common.optim import adam_bias_corrections
 from rosetta_common.seeding import seed_everything
 from rosetta_common.spec import AdamSpec, ModelConfig, SGDSpec
-from rosetta_common.training import OptimizerSpec, TrainPlan, dropout_masks
+from rosetta_common.training import OptimizerSpec, StepHook, TrainPlan, dropout_masks
 from rosetta_common.weights import Weights, canonical_shapes, is_frozen
 from rosetta_jax.models import Model, apply, jax_ids, training_view
 from rosetta_jax.weights import native_name
@@ -183,18 +183,35 @@ def training_inputs(config: ModelConfig, data: Dataset) -> np.ndarray:
 
 TrainState = tuple[nnx.State, nnx.State, optax.OptState]  # parameters, BatchNorm statistics, optimizer state
 
+# train()'s optimizer and jitted step per (model config, optimizer, steps): a jax.jit of a new closure compiles
+# again, and the one-ulp replicates and the lockstep checkpoints train the same model from other weights up to a
+# dozen times per stage (a compile of a second or more each, measured: the text model's stage spent 44 s there).
+_STEPS: dict[tuple[str, str, int], tuple[optax.GradientTransformation, StepFn]] = {}
 
-def train(model: Model, plan: TrainPlan, data: Dataset) -> TrainResult:
+
+def compiled_step(model: Model, graphdef: nnx.GraphDef[Any], plan: TrainPlan
+                  ) -> tuple[optax.GradientTransformation, StepFn]:
+    """make_optimizer's transform and make_train_step's step for this model and plan, made once per process for
+    each model config, optimizer and number of steps (the same program, so the same bits, for every model of
+    that config: nnx.merge puts each one's states into the same graph)."""
+    key = (model.config.model_dump_json(), plan.optimizer.model_dump_json(), plan.num_steps)
+    if key not in _STEPS:
+        tx = make_optimizer(model, plan.optimizer, plan.num_steps)
+        _STEPS[key] = tx, make_train_step(graphdef, tx)
+    return _STEPS[key]
+
+
+def train(model: Model, plan: TrainPlan, data: Dataset, hook: StepHook | None = None) -> TrainResult:
     """Train in place with the plan's optimizer on the plan's batches, BatchNorm on batch statistics and each
     step's shared dropout mask (rosetta_common.training.dropout_masks); every step's loss, each epoch's time.
-    The model itself stays in inference mode: a training view of it shares its variables."""
+    The model itself stays in inference mode: a training view of it shares its variables. `hook` sees the model
+    holding the step's state after its steps (the loop's state copied into it; the loop goes on from its own)."""
     config = model.config
     if plan.arch != config.arch:
         raise ValueError(f"train: plan for {plan.arch!r} but the model is {config.arch!r}")
-    tx = make_optimizer(model, plan.optimizer, plan.num_steps)
     graphdef, params, statistics = nnx.split(training_view(model), nnx.Param, nnx.BatchStat)
+    tx, train_step = compiled_step(model, graphdef, plan)
     opt_state = tx.init(params)
-    train_step = make_train_step(graphdef, tx)
     masks = dropout_masks(plan, config)  # None for a model without dropout; else row s is step s's mask
     inputs = training_inputs(config, data)
 
@@ -208,8 +225,13 @@ def train(model: Model, plan: TrainPlan, data: Dataset) -> TrainResult:
     def read(losses: list[jax.Array]) -> list[float]:
         return [float(v) for v in jax.device_get(losses)]  # waits for the epoch's last step
 
+    def seen(s: int, state: TrainState) -> None:
+        nnx.update(model, *state[:2])
+        hook.call(s, model)
+
     (params, statistics, _), result = run_epochs(plan, (params, statistics, opt_state), step, read,
-                                                 desc=f"jax {plan.arch}")
+                                                 desc=f"jax {plan.arch}",
+                                                 hook=None if hook is None else StepHook(hook.steps, seen))
     nnx.update(model, params, statistics)
     return result
 
@@ -217,11 +239,11 @@ def train(model: Model, plan: TrainPlan, data: Dataset) -> TrainResult:
 def run_epochs(plan: TrainPlan, state: TrainState,
                step: Callable[[TrainState, np.ndarray, int], tuple[TrainState, jax.Array]],
                read: Callable[[list[jax.Array]], list[float]], *, desc: str, show: bool = True, workers: int = 1,
-               engine: str = "") -> tuple[TrainState, TrainResult]:
+               engine: str = "", hook: StepHook | None = None) -> tuple[TrainState, TrainResult]:
     """The one epoch loop, for train() and distributed.train_data_parallel alike: `step` takes the state, the
     plan's batch indices and the step number and returns the new state and the step's loss (a device array);
     `read` turns an epoch's losses into floats, once per epoch (reading each at once would stall JAX's async
-    dispatch); `show` the progress bar (rank 0 only)."""
+    dispatch); `show` the progress bar (rank 0 only); `hook` is called with the state after its steps."""
     step_losses: list[float] = []
     epoch_losses: list[float] = []
     epoch_seconds: list[float] = []
@@ -235,6 +257,8 @@ def run_epochs(plan: TrainPlan, state: TrainState,
                 state, loss = step(state, idx, s)
                 losses.append(loss)
                 s += 1
+                if hook is not None:
+                    hook(s, state)
             epoch_step_losses = read(losses)
             epoch_seconds.append(time.perf_counter() - epoch_start)
             step_losses += epoch_step_losses

@@ -31,7 +31,7 @@ from rosetta_common.interface import TrainResult
 from rosetta_common.onnx_conventions import INPUT_NAME
 from rosetta_common.seeding import seed_everything
 from rosetta_common.spec import AdamSpec, ModelConfig, SGDSpec
-from rosetta_common.training import OptimizerSpec, TrainPlan, dropout_masks
+from rosetta_common.training import OptimizerSpec, StepHook, TrainPlan, dropout_masks
 from rosetta_common.weights import Weights
 from rosetta_tf.models import MASK_INPUT, PACKAGE, model_config, training_view
 
@@ -166,10 +166,12 @@ class StepLoss(keras.metrics.Metric):
 
 
 class _Record(keras.callbacks.Callback):
-    """Collects every step's loss and each epoch's wall time, and drives one tqdm bar over all steps."""
+    """Collects every step's loss and each epoch's wall time, and drives one tqdm bar over all steps; calls
+    `hook` with `model` (the inference model, whose variables the trained one shares) after the hook's steps."""
 
-    def __init__(self, total_steps: int, desc: str) -> None:
+    def __init__(self, total_steps: int, desc: str, hook: StepHook | None = None, model: Any = None) -> None:
         super().__init__()
+        self.hook, self.inference_model = hook, model
         self.step_losses: list[float] = []
         self.epoch_seconds: list[float] = []
         self._epoch_start = 0.0
@@ -181,6 +183,8 @@ class _Record(keras.callbacks.Callback):
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         self.step_losses.append(float(np.float32((logs or {})["step_loss"])))
         self.bar.update(1)
+        if self.hook is not None:
+            self.hook(len(self.step_losses), self.inference_model)
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self.epoch_seconds.append(time.perf_counter() - self._epoch_start)
@@ -218,12 +222,13 @@ def plan_batches(plan: TrainPlan, data: Dataset, masks: np.ndarray | None = None
                                      tf.gather(labels, idx))).prefetch(2)
 
 
-def train(model: keras.Model, plan: TrainPlan, data: Dataset) -> TrainResult:
+def train(model: keras.Model, plan: TrainPlan, data: Dataset, hook: StepHook | None = None) -> TrainResult:
     """Train `model` in place with compile + fit on the plan's batches; every step's loss and each epoch's time.
 
     A model with dropout trains through its training twin (models.training_view: the same layers and
     variables, plus the step's dropout mask as an input); the others train as they are. The model stays in
-    inference mode afterwards: Keras keeps no mode, and predict() calls it with training=False.
+    inference mode afterwards: Keras keeps no mode, and predict() calls it with training=False. `hook` runs in
+    a callback after its steps (steps_per_execution=1: the variables hold that step's state).
     """
     config = model_config(model)
     if plan.arch != config.arch:
@@ -235,7 +240,7 @@ def train(model: keras.Model, plan: TrainPlan, data: Dataset) -> TrainResult:
     # switch it on when a GPU is present); steps_per_execution=1 so every step's loss is seen.
     trainer.compile(optimizer=make_optimizer(model, plan.optimizer, plan.num_steps), loss=make_loss(),
                     metrics=[StepLoss()], jit_compile=False, steps_per_execution=1)
-    record = _Record(plan.num_steps, desc=f"tf {plan.arch}")
+    record = _Record(plan.num_steps, desc=f"tf {plan.arch}", hook=hook, model=model)
     start = time.perf_counter()
     trainer.fit(plan_batches(plan, data, masks), epochs=plan.epochs, steps_per_epoch=plan.steps_per_epoch,
                 shuffle=False, verbose=0, callbacks=[record])

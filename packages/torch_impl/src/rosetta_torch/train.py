@@ -21,7 +21,7 @@ from rosetta_common.data import Dataset
 from rosetta_common.interface import TrainResult
 from rosetta_common.seeding import seed_everything
 from rosetta_common.spec import AdamSpec, SGDSpec
-from rosetta_common.training import OptimizerSpec, TrainPlan, dropout_masks
+from rosetta_common.training import OptimizerSpec, StepHook, TrainPlan, dropout_masks
 from rosetta_common.weights import Weights
 from rosetta_torch.models import forward_logits, model_device
 
@@ -80,11 +80,11 @@ def apply_optimizer(optimizer: OptimizerSpec, params: Weights, grads: Sequence[W
     return trajectory
 
 
-def train(model: nn.Module, plan: TrainPlan, data: Dataset) -> TrainResult:
+def train(model: nn.Module, plan: TrainPlan, data: Dataset, hook: StepHook | None = None) -> TrainResult:
     """Train `model` in place with the plan's optimizer on the plan's batches, in train() mode (BatchNorm on
     batch statistics, running statistics by the spec's convention), multiplying by step s's shared dropout mask
-    for a model with dropout; it ends in eval mode."""
-    return run_epochs(model, model, plan, data, desc=f"torch {plan.arch}")
+    for a model with dropout; it ends in eval mode. `hook` sees the model in eval mode after its steps."""
+    return run_epochs(model, model, plan, data, desc=f"torch {plan.arch}", hook=hook)
 
 
 def _same(losses: torch.Tensor) -> torch.Tensor:
@@ -93,7 +93,7 @@ def _same(losses: torch.Tensor) -> torch.Tensor:
 
 def run_epochs(model: nn.Module, module: nn.Module, plan: TrainPlan, data: Dataset, *, desc: str,
                rows: slice | np.ndarray = slice(None), epoch_losses_of: Callable[[torch.Tensor], torch.Tensor] = _same,
-               show: bool = True, workers: int = 1, engine: str = "") -> TrainResult:
+               show: bool = True, workers: int = 1, engine: str = "", hook: StepHook | None = None) -> TrainResult:
     """The one training loop, for train() and distributed.train_data_parallel alike: `module` (the model, or its
     DDP wrapper) on its `rows` of each of the plan's batches and of each step's dropout mask, the optimizer over
     `model`'s own parameters. `epoch_losses_of` turns an epoch's stacked losses into the global batch's (for
@@ -128,6 +128,10 @@ def run_epochs(model: nn.Module, module: nn.Module, plan: TrainPlan, data: Datas
                 optimizer.step()
                 losses.append(loss.detach())
                 bar.update()
+                if hook is not None and (step := epoch * plan.steps_per_epoch + i + 1) in hook.steps:
+                    module.eval()  # the hook reads the model as predict does; training goes on in train mode
+                    hook(step, model)
+                    module.train()
             values = epoch_losses_of(torch.stack(losses)).tolist()  # the epoch's one sync, inside its timing
             epoch_seconds.append(time.perf_counter() - epoch_start)
             step_losses += values

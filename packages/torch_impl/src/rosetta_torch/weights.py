@@ -178,8 +178,10 @@ def to_canonical(model: nn.Module) -> Weights:
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     if config.arch == "lstm":
         state["lstm.bias_ih_l0"] = state["lstm.bias_ih_l0"] + state.pop(LSTM_HIDDEN_BIAS)
+    # Copies (np.array): a contiguous float32 tensor's numpy view would share the live parameter's memory, and
+    # change with it as training goes on (a StepHook's snapshot would not be the step's).
     return {
-        name: np.ascontiguousarray(from_torch_layout(config, name, _native(config, name, state)), np.float32)
+        name: np.ascontiguousarray(np.array(from_torch_layout(config, name, _native(config, name, state)), np.float32))
         for name in canonical_shapes(config)
     }
 

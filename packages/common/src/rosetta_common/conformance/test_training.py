@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from rosetta_common.conformance.implemented import skip_unless_implemented
+from rosetta_common.conformance.train_worker import HOOK_STEPS
 from rosetta_common.optim import adam_step, sgd_step
 from rosetta_common.spec import ARCHITECTURES, parse_spec
 from rosetta_common.testing import asymmetric_weights, learnable_data, small_config, small_spec
@@ -77,23 +78,37 @@ def test_the_plans_per_model_learning_rate_is_the_one_used(backend: ModuleType, 
 
 @pytest.fixture(scope="session")
 def two_runs(backend: ModuleType, tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, np.ndarray]]:
-    """The same training in two fresh processes (train_worker.py)."""
+    """The same training in two fresh processes (train_worker.py): the first with a StepHook, the second also
+    stopped after each of the hook's first-epoch steps."""
     runs = []
-    for i in range(2):
+    for i, mode in enumerate(("hook", "truncated")):
         out = tmp_path_factory.mktemp(f"run{i}") / "run.npz"
-        subprocess.run([sys.executable, "-m", "rosetta_common.conformance.train_worker", backend.FRAMEWORK, str(out)],
-                       check=True)
+        subprocess.run([sys.executable, "-m", "rosetta_common.conformance.train_worker", backend.FRAMEWORK, str(out),
+                        mode], check=True)
         with np.load(out, allow_pickle=False) as f:
             runs.append(dict(f))
     return runs
 
 
 def test_two_processes_train_bitwise_identically(two_runs: list[dict[str, np.ndarray]], arch: str) -> None:
-    first, second = two_runs
-    keys = [k for k in first if k.startswith(f"{arch}/") and not k.endswith("epoch_seconds")]
+    first, second = two_runs  # the first with a hook: it changed nothing
+    keys = [k for k in first if k.startswith(f"{arch}/") and not k.endswith("epoch_seconds") and "/hook/" not in k]
     assert any("/weights/" in k for k in keys)
     for key in keys:
         np.testing.assert_array_equal(first[key], second[key], err_msg=key)
+
+
+def test_a_step_hook_sees_the_state_the_run_stopped_there_ends_in(two_runs: list[dict[str, np.ndarray]],
+                                                                  arch: str) -> None:
+    """The hook, called after steps 2, 5 and 16 (the last, in the second epoch), saw the model in inference mode
+    holding exactly the state of the same training stopped there (another process), weights and logits."""
+    hooked, stopped = two_runs
+    for step in HOOK_STEPS:
+        seen = {k.split(f"/hook/{step}/", 1)[1]: v for k, v in hooked.items() if k.startswith(f"{arch}/hook/{step}/")}
+        assert "logits" in seen and any(k.startswith("weights/") for k in seen), (arch, step)
+        prefix = f"{arch}/" if step == HOOK_STEPS[-1] else f"{arch}/truncated/{step}/"  # the last: the run's end
+        for name, value in seen.items():
+            np.testing.assert_array_equal(value, stopped[prefix + name], err_msg=f"{arch} step {step} {name}")
 
 
 def test_training_reports_every_step_and_learns(two_runs: list[dict[str, np.ndarray]], arch: str) -> None:

@@ -1,22 +1,37 @@
 """Train every architecture once on the conformance suite's tiny problem and save losses and weights.
 
-    python -m rosetta_common.conformance.train_worker <framework> <out.npz>
+    python -m rosetta_common.conformance.train_worker <framework> <out.npz> hook|truncated
 
-Run as a separate process (twice) by test_training.py: two processes must agree bit for bit.
+Run as a separate process (twice) by test_training.py: two processes must agree bit for bit. With `hook`, the
+run carries a StepHook at HOOK_STEPS that records the model's state there; with `truncated`, the same training is
+also run stopped after each first-epoch step of HOOK_STEPS (plan.truncated): the state the hook must have seen.
 """
 
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import numpy as np
 
+from rosetta_common.data import Dataset
 from rosetta_common.interface import architectures, load_backend
 from rosetta_common.testing import asymmetric_weights, learnable_data, small_config, small_spec
-from rosetta_common.training import plan
+from rosetta_common.training import StepHook, plan
+
+# Two steps inside the first epoch and the last of the run (small_spec: 2 epochs of 8 steps). Not step 1: a
+# one-step plan's Adam table (rosetta_jax.train.torch_adam) has one entry, which XLA folds into the step as a
+# constant, and JAX's run stopped there is one ulp off the longer run in a few weights (measured: 19 of 2,048 of
+# the mlp's kernel); the hook sees the run's own state.
+HOOK_STEPS = (2, 5, 16)
 
 
-def main(framework: str, out: str) -> None:
+def state(backend: Any, model: Any, prefix: str, inputs: np.ndarray) -> dict[str, np.ndarray]:
+    return {f"{prefix}logits": backend.predict(model, inputs),
+            **{f"{prefix}weights/{name}": value for name, value in backend.to_canonical(model).items()}}
+
+
+def main(framework: str, out: str, mode: str) -> None:
     backend = load_backend(framework)
     backend.configure(0)
     spec = small_spec()
@@ -24,9 +39,21 @@ def main(framework: str, out: str) -> None:
     for arch in architectures(backend):
         config = small_config(arch)
         data = learnable_data(tokens=config.input.kind == "tokens")
-        model = backend.build(config, asymmetric_weights(config, 11))
         train_plan = plan(spec, arch, len(data.train_labels))
-        result = backend.train(model, train_plan, data)
+        assert train_plan.num_steps == HOOK_STEPS[-1], train_plan
+        if mode == "truncated":
+            for step in HOOK_STEPS[:-1]:
+                model = backend.build(config, asymmetric_weights(config, 11))
+                backend.train(model, train_plan.truncated(step), data)
+                arrays |= state(backend, model, f"{arch}/truncated/{step}/", data.test_inputs)
+        model = backend.build(config, asymmetric_weights(config, 11))
+
+        def seen(step: int, model: Any, arch: str = arch, data: Dataset = data,
+                 out: dict[str, np.ndarray] = arrays) -> None:
+            out.update(state(backend, model, f"{arch}/hook/{step}/", data.test_inputs))
+
+        hook = StepHook(HOOK_STEPS, seen) if mode == "hook" else None
+        result = backend.train(model, train_plan, data, hook)
         arrays[f"{arch}/step_losses"] = np.asarray(result.step_losses, np.float64)
         arrays[f"{arch}/epoch_losses"] = np.asarray(result.epoch_losses, np.float64)
         arrays[f"{arch}/epoch_seconds"] = np.asarray(result.epoch_seconds, np.float64)
@@ -39,4 +66,4 @@ def main(framework: str, out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(*sys.argv[1:4])
