@@ -10,9 +10,11 @@ and optimizer settings) and trains for the case's epochs:
 
 - `ours`: the package's contract `train(model, plan, data)`, its epochs read from TrainResult.epoch_seconds;
 - `idiomatic`: benchmarks/idiomatic/<framework>.train on the same model;
+- each of that module's PEERS (a second idiomatic style: JAX's `idiomatic_linen`, flax.linen + TrainState), on the
+  models its MODELS names, trained from the same model's weights; the summary's yardstick is the fastest of them;
 - with tricks requested, one variant per entry of the loop's TRICKS and PARITY: the idiomatic loop with one
   speed-up our train() does not use, or with one thing parity requires of it (an entry of the loop's ONLY_FOR,
-  e.g. the resnet's shared dropout masks, only for the models it names).
+  e.g. the resnet's shared dropout masks, only for the models it names); a peer's as `<peer>:<name>`.
 
 The variants run one after the other within a repeat, in an order that is reversed every other repeat, so that
 the machine's load falls on both alike. Only raw epoch times go to RESULT.json; the parent summarizes.
@@ -51,8 +53,18 @@ def subset(data: Dataset, samples: int | None) -> Dataset:
     return dataclasses.replace(data, train_inputs=data.train_inputs[:samples], train_labels=data.train_labels[:samples])
 
 
+def named(idiomatic: Any, peers: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The framework's TRICKS, PARITY and ONLY_FOR with each peer's under `<peer>:<name>`."""
+    out = {key: dict(getattr(idiomatic, key.upper())) for key in ("tricks", "parity", "only_for")}
+    for peer_name, peer in peers.items():
+        for key in out:
+            out[key] |= {f"{peer_name}:{name}": value for name, value in getattr(peer, key.upper()).items()}
+    return out
+
+
 def run_case(backend: Any, idiomatic: Any, spec: Any, case: dict[str, Any], repeats: int, extra: list[str],
-             min_steady_seconds: float = 0.0) -> dict[str, Any]:
+             min_steady_seconds: float = 0.0, peers: dict[str, Any] | None = None) -> dict[str, Any]:
+    peers = peers or {}
     data = subset(load_prepared(case["data"]), case.get("train_samples"))
     config = ModelConfig.of(spec, case["model"], data.image_shape, data.num_classes)
     init = init_weights(config, spec.seed)
@@ -62,8 +74,14 @@ def run_case(backend: Any, idiomatic: Any, spec: Any, case: dict[str, Any], repe
         epoch = min(result.epoch_seconds[1:])
         wanted = 1 + math.ceil(min_steady_seconds / max(epoch, 1e-6))
         train_plan = dataclasses.replace(train_plan, epochs=min(MAX_EPOCHS, max(case["epochs"], wanted)))
-    only_for = idiomatic.ONLY_FOR  # a variant named there applies to those models alone
-    variants = ["ours", "idiomatic", *(name for name in extra if case["model"] in only_for.get(name, (case["model"],)))]
+    only_for = named(idiomatic, peers)["only_for"]  # a variant named there applies to those models alone
+    loops = [name for name, peer in peers.items() if case["model"] in peer.MODELS]
+
+    def applies(name: str) -> bool:  # a peer's variant only where that peer runs; ONLY_FOR's only for its models
+        peer, colon, _ = name.partition(":")
+        return (not colon or peer in loops) and case["model"] in only_for.get(name, (case["model"],))
+
+    variants = ["ours", "idiomatic", *loops, *(name for name in extra if applies(name))]
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
     for repeat in range(repeats):
         for position, name in enumerate(variants if repeat % 2 == 0 else variants[::-1]):
@@ -76,8 +94,13 @@ def run_case(backend: Any, idiomatic: Any, spec: Any, case: dict[str, Any], repe
                           "samples_per_epoch": train_plan.steps_per_epoch * train_plan.batch_size,
                           "epoch_losses": result.epoch_losses}
             else:
-                loop = idiomatic.train(model, data, train_plan.batch_size, train_plan.optimizer, train_plan.epochs,
-                                       spec.seed, variant=None if name == "idiomatic" else name)
+                # "idiomatic", a peer ("idiomatic_linen"), a variant of the first ("donate") or of a peer's
+                # ("idiomatic_linen:torch_adam")
+                peer, colon, variant = name.partition(":")
+                module = peers.get(peer, idiomatic)
+                variant = variant if colon else None if name == "idiomatic" or name in peers else name
+                loop = module.train(model, data, train_plan.batch_size, train_plan.optimizer, train_plan.epochs,
+                                    spec.seed, variant=variant)
                 record = dataclasses.asdict(loop)
             record["call_seconds"] = time.perf_counter() - started  # the whole train call, set-up included
             record["position"] = position  # 0: ran first in this repeat
@@ -99,13 +122,15 @@ def main(argv: list[str]) -> int:
     backend = load_backend(framework)
     backend.configure(spec.seed)  # deterministic mode, as in the pipeline; it holds for both loops alike
     idiomatic = importlib.import_module(f"benchmarks.idiomatic.{framework}")
+    peers = {name: importlib.import_module(module) for name, module in getattr(idiomatic, "PEERS", {}).items()}
     import_seconds = time.perf_counter() - started
-    variants = [*idiomatic.TRICKS, *idiomatic.PARITY] if job["tricks"] else []
-    cases = [run_case(backend, idiomatic, spec, case, job["repeats"], variants, job.get("min_steady_seconds", 0.0))
-             for case in job["cases"]]
+    kinds = named(idiomatic, peers)
+    variants = [*kinds["tricks"], *kinds["parity"]] if job["tricks"] else []
+    cases = [run_case(backend, idiomatic, spec, case, job["repeats"], variants, job.get("min_steady_seconds", 0.0),
+                      peers) for case in job["cases"]]
     Path(result_path).write_text(json.dumps({
-        "framework": framework, "import_seconds": import_seconds, "tricks": idiomatic.TRICKS,
-        "parity": idiomatic.PARITY, "only_for": idiomatic.ONLY_FOR, "measured_variants": variants,
+        "framework": framework, "import_seconds": import_seconds, **kinds, "measured_variants": variants,
+        "peers": {name: {"module": peer.__name__, "models": list(peer.MODELS)} for name, peer in peers.items()},
         "cases": cases,
         "environment": environment(framework),
     }, indent=1))

@@ -48,7 +48,9 @@ CPU = ROOT / "cpu.json"  # the CPU these measurements (and this run's last bits)
 # The last training-throughput benchmark's table, which benchmarks/train_throughput.py writes for the report:
 # {"settings": {...}, "rows": [{"scale", "framework", "model", "samples_per_epoch", "epochs",
 # "ours_samples_per_second", "idiomatic_samples_per_second", "ratio", "ratio_range": [lo, hi], "verdict", "why",
-# "ours_first_epoch_seconds", "idiomatic_first_epoch_seconds"}, ...]}. This file is the whole interface: pipelines
+# "ours_first_epoch_seconds", "idiomatic_first_epoch_seconds", "idiomatic_loop"}, ...]}; the idiomatic figures are
+# the fastest idiomatic loop's, `idiomatic_loop` its name ("idiomatic"; JAX also "idiomatic_linen"; absent in
+# tables written before there was a choice). This file is the whole interface: pipelines
 # never reads the benchmark's own output nor imports it.
 THROUGHPUT_TABLE = ROOT / "throughput_table.json"
 # The last deployment benchmark's record, written by benchmarks/deployment.py (per export format: size, cold start,

@@ -10,7 +10,11 @@ One module per framework (`torch`, `tf`, `jax`), each with the same four names:
 - `PARITY`: {name: what it does}: the idiomatic loop made to do one thing parity requires of our train()
   (e.g. torch's Adam formula, the shared dropout masks); `variant=name` measures what that one requirement costs;
 - `ONLY_FOR`: {variant name: models}: the variants that apply to some models only (the shared dropout masks to the
-  resnet, ...); a variant not named applies to all.
+  resnet, ...); a variant not named applies to all;
+- optionally `PEERS`: {loop name: module}: more idiomatic styles of that framework (JAX: `idiomatic_linen`,
+  benchmarks/idiomatic/jax_linen.py, flax.linen + TrainState beside the NNX loop), each module with the four names
+  above and `MODELS` (the architectures it has). Each runs as one more loop (its TRICKS and PARITY as
+  `<loop name>:<name>`), and our train() is held to the fastest idiomatic loop of each case.
 
 Imported only inside that framework's environment (through the runner): nothing here imports a framework at
 package level.

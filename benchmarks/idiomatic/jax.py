@@ -40,6 +40,9 @@ PARITY = {
                     "pooled features instead of nnx.Dropout drawing from its RNG stream",
 }
 ONLY_FOR = {"shared_masks": ("resnet",)}
+# JAX's second idiomatic style, run beside this one where it has the model (benchmarks/idiomatic/__init__.py):
+# flax.linen modules + optax.adam + flax.training.train_state.TrainState, the style of most JAX code in the wild.
+PEERS = {"idiomatic_linen": "benchmarks.idiomatic.jax_linen"}
 
 
 def train(model: nnx.Module, data: Dataset, batch_size: int, optimizer: AdamSpec | SGDSpec, epochs: int, seed: int,
