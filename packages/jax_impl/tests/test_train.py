@@ -62,8 +62,8 @@ def test_train_compiles_its_step_once(monkeypatch: pytest.MonkeyPatch, optimizer
         steps.append(make(*args))
         return steps[-1]
 
-    make = jax_train.make_train_step
-    monkeypatch.setattr(jax_train, "make_train_step", spy)
+    make = jax_train.make_flat_train_step
+    monkeypatch.setattr(jax_train, "make_flat_train_step", spy)
     config, data = small_config("cnn"), learnable_data(n_train=72)  # 72 / 16: 4 steps an epoch, 8 left over
     train_plan = plan(small_spec(optimizer=optimizer), "cnn", len(data.train_labels))
     result = rosetta_jax.train(rosetta_jax.build(config, asymmetric_weights(config, 5)), train_plan, data)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -153,12 +153,11 @@ StepOut = tuple[nnx.State, nnx.State, optax.OptState, jax.Array]
 StepFn = Callable[[nnx.State, nnx.State, optax.OptState, jax.Array, jax.Array, jax.Array | None], StepOut]
 
 
-def make_train_step(graphdef: nnx.GraphDef[Any], tx: optax.GradientTransformation) -> StepFn:
-    """One jitted step of the model in training mode (`graphdef` of models.training_view): the gradient of the
-    loss with respect to the parameters only; BatchNorm's running statistics come out of the forward itself
-    (Flax updates them as it normalizes with the batch's), not out of the optimizer."""
+def step_function(graphdef: nnx.GraphDef[Any], tx: optax.GradientTransformation) -> StepFn:
+    """One step of the model in training mode (`graphdef` of models.training_view), not yet jitted: the gradient
+    of the loss with respect to the parameters only; BatchNorm's running statistics come out of the forward
+    itself (Flax updates them as it normalizes with the batch's), not out of the optimizer."""
 
-    @jax.jit
     def train_step(params: nnx.State, statistics: nnx.State, opt_state: optax.OptState, images: jax.Array,
                    labels: jax.Array, dropout_mask: jax.Array | None) -> StepOut:
         def loss_and_statistics(p: nnx.State) -> tuple[jax.Array, nnx.State]:
@@ -174,6 +173,33 @@ def make_train_step(graphdef: nnx.GraphDef[Any], tx: optax.GradientTransformatio
     return train_step
 
 
+def make_train_step(graphdef: nnx.GraphDef[Any], tx: optax.GradientTransformation) -> StepFn:
+    """step_function's step, jitted over the States (distributed.train_data_parallel's, which shards them)."""
+    return jax.jit(step_function(graphdef, tx))
+
+
+Leaves = list[jax.Array]  # jax.tree.leaves of a TrainState: its arrays in pytree order
+FlatStepFn = Callable[[Leaves, jax.Array, jax.Array, jax.Array | None], tuple[Leaves, jax.Array]]
+
+
+def make_flat_train_step(graphdef: nnx.GraphDef[Any], tx: optax.GradientTransformation,
+                         treedef: jax.tree_util.PyTreeDef) -> FlatStepFn:
+    """step_function's step jitted over the state's leaves (a flat list of arrays, `treedef` its TrainState),
+    train()'s. The same program as make_train_step's (jit flattens its arguments to these very leaves, in this
+    order), so the same bits; but jit's dispatch flattens a list of arrays in C++, where nnx.State's and the
+    optimizer state's pytree nodes are flattened and rebuilt in Python on every call: about 60 us a step, more
+    than the digits mlp's whole step (measured, benchmarks/README.md)."""
+    step = step_function(graphdef, tx)
+
+    @jax.jit
+    def flat_train_step(leaves: Leaves, images: jax.Array, labels: jax.Array,
+                        dropout_mask: jax.Array | None) -> tuple[Leaves, jax.Array]:
+        *state, loss = step(*jax.tree.unflatten(treedef, leaves), images, labels, dropout_mask)
+        return jax.tree.leaves(state), loss
+
+    return flat_train_step
+
+
 def training_inputs(config: ModelConfig, data: Dataset) -> np.ndarray:
     """The training inputs as the steps take them, checked first (one InputError line before any step): images
     as they are, int64 token ids as JAX's int32 (models.jax_ids), converted once for the whole set."""
@@ -182,23 +208,31 @@ def training_inputs(config: ModelConfig, data: Dataset) -> np.ndarray:
 
 
 TrainState = tuple[nnx.State, nnx.State, optax.OptState]  # parameters, BatchNorm statistics, optimizer state
+S = TypeVar("S")  # run_epochs' state: a TrainState (distributed) or its leaves (train)
 
-# train()'s optimizer and jitted step per (model config, optimizer, steps): a jax.jit of a new closure compiles
-# again, and the one-ulp replicates and the lockstep checkpoints train the same model from other weights up to a
-# dozen times per stage (a compile of a second or more each, measured: the text model's stage spent 44 s there).
-_STEPS: dict[tuple[str, str, int], tuple[optax.GradientTransformation, StepFn]] = {}
+# train()'s optimizer and jitted step per (model config, optimizer, steps, state structure): a jax.jit of a new
+# closure compiles again, and the one-ulp replicates and the lockstep checkpoints train the same model from other
+# weights up to a dozen times per stage (a compile of a second or more each, measured: the text model's stage spent
+# 44 s there).
+_OPTIMIZERS: dict[tuple[str, str, int], optax.GradientTransformation] = {}
+_STEPS: dict[tuple[str, str, int, jax.tree_util.PyTreeDef], FlatStepFn] = {}
 
 
-def compiled_step(model: Model, graphdef: nnx.GraphDef[Any], plan: TrainPlan
-                  ) -> tuple[optax.GradientTransformation, StepFn]:
-    """make_optimizer's transform and make_train_step's step for this model and plan, made once per process for
-    each model config, optimizer and number of steps (the same program, so the same bits, for every model of
-    that config: nnx.merge puts each one's states into the same graph)."""
+def compiled_step(model: Model, graphdef: nnx.GraphDef[Any], plan: TrainPlan, params: nnx.State,
+                  statistics: nnx.State) -> tuple[optax.GradientTransformation, FlatStepFn, Leaves,
+                                                  jax.tree_util.PyTreeDef]:
+    """make_optimizer's transform and make_flat_train_step's step for this model and plan, made once per process
+    for each model config, optimizer, number of steps (and state structure, which those fix): the same program,
+    so the same bits, for every model of that config (nnx.merge puts each one's states into the same graph); and
+    the initial state (params, statistics, the transform's init) as that step takes it, leaves and treedef."""
     key = (model.config.model_dump_json(), plan.optimizer.model_dump_json(), plan.num_steps)
-    if key not in _STEPS:
-        tx = make_optimizer(model, plan.optimizer, plan.num_steps)
-        _STEPS[key] = tx, make_train_step(graphdef, tx)
-    return _STEPS[key]
+    if key not in _OPTIMIZERS:
+        _OPTIMIZERS[key] = make_optimizer(model, plan.optimizer, plan.num_steps)
+    tx = _OPTIMIZERS[key]
+    leaves, treedef = jax.tree.flatten((params, statistics, tx.init(params)))
+    if (*key, treedef) not in _STEPS:
+        _STEPS[(*key, treedef)] = make_flat_train_step(graphdef, tx, treedef)
+    return tx, _STEPS[(*key, treedef)], leaves, treedef
 
 
 def train(model: Model, plan: TrainPlan, data: Dataset, hook: StepHook | None = None) -> TrainResult:
@@ -210,36 +244,45 @@ def train(model: Model, plan: TrainPlan, data: Dataset, hook: StepHook | None = 
     if plan.arch != config.arch:
         raise ValueError(f"train: plan for {plan.arch!r} but the model is {config.arch!r}")
     graphdef, params, statistics = nnx.split(training_view(model), nnx.Param, nnx.BatchStat)
-    tx, train_step = compiled_step(model, graphdef, plan)
-    opt_state = tx.init(params)
+    _, train_step, leaves, treedef = compiled_step(model, graphdef, plan, params, statistics)
     masks = dropout_masks(plan, config)  # None for a model without dropout; else row s is step s's mask
     inputs = training_inputs(config, data)
+    epoch: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # the current epoch's batches, gathered at its first step
 
-    def step(state: TrainState, idx: np.ndarray, s: int) -> tuple[TrainState, jax.Array]:
-        # The numpy row, as the images are: the jitted call moves it with them. Indexing a device array here
-        # would be an eager op of its own every step (about 0.1 ms, measured).
+    def step(state: Leaves, idx: np.ndarray, s: int) -> tuple[Leaves, jax.Array]:
+        # The epoch's batches gathered once, in the plan's order (run_epochs steps through plan.batches(e), idx
+        # is row i of it), each step a contiguous numpy view: one gather an epoch instead of two a step (about
+        # 10 us a step on the digits mlp, measured). The numpy arrays, as the mask's row: the jitted call moves
+        # them. Indexing a device array here would be an eager op of its own every step (about 0.1 ms, measured).
+        e, i = divmod(s, plan.steps_per_epoch)
+        if e not in epoch:
+            order = np.stack(plan.batches(e))
+            epoch.clear()
+            epoch[e] = inputs[order], data.train_labels[order]
+        images, labels = epoch[e]
         mask = None if masks is None else masks[s]
-        *state, loss = train_step(*state, inputs[idx], data.train_labels[idx], mask)
-        return tuple(state), loss
+        return train_step(state, images[i], labels[i], mask)
 
     def read(losses: list[jax.Array]) -> list[float]:
         return [float(v) for v in jax.device_get(losses)]  # waits for the epoch's last step
 
-    def seen(s: int, state: TrainState) -> None:
-        nnx.update(model, *state[:2])
+    def update(state: Leaves) -> None:
+        params, statistics, _ = jax.tree.unflatten(treedef, state)
+        nnx.update(model, params, statistics)
+
+    def seen(s: int, state: Leaves) -> None:
+        update(state)
         hook.call(s, model)
 
-    (params, statistics, _), result = run_epochs(plan, (params, statistics, opt_state), step, read,
-                                                 desc=f"jax {plan.arch}",
-                                                 hook=None if hook is None else StepHook(hook.steps, seen))
-    nnx.update(model, params, statistics)
+    state, result = run_epochs(plan, leaves, step, read, desc=f"jax {plan.arch}",
+                               hook=None if hook is None else StepHook(hook.steps, seen))
+    update(state)
     return result
 
 
-def run_epochs(plan: TrainPlan, state: TrainState,
-               step: Callable[[TrainState, np.ndarray, int], tuple[TrainState, jax.Array]],
+def run_epochs(plan: TrainPlan, state: S, step: Callable[[S, np.ndarray, int], tuple[S, jax.Array]],
                read: Callable[[list[jax.Array]], list[float]], *, desc: str, show: bool = True, workers: int = 1,
-               engine: str = "", hook: StepHook | None = None) -> tuple[TrainState, TrainResult]:
+               engine: str = "", hook: StepHook | None = None) -> tuple[S, TrainResult]:
     """The one epoch loop, for train() and distributed.train_data_parallel alike: `step` takes the state, the
     plan's batch indices and the step number and returns the new state and the step's loss (a device array);
     `read` turns an epoch's losses into floats, once per epoch (reading each at once would stall JAX's async
