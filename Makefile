@@ -29,12 +29,9 @@ repro: setup
 	dvc repro
 
 # Each framework's environment runs the same conformance suite against its own package, then that package's
-# own tests (only what is specific to one framework); cross-cutting tests run last.
-CONFORMANCE := packages/common/src/rosetta_common/conformance
+# own tests (only what is specific to one framework). tooling/run_tests.py holds the command lines.
 test-frameworks: setup
-	python -m pipelines.runner torch -- python -m pytest -q --durations=15 $(CONFORMANCE) packages/torch_impl/tests
-	python -m pipelines.runner tf -- python -m pytest -q --durations=15 $(CONFORMANCE) packages/tf_impl/tests
-	python -m pipelines.runner jax -- python -m pytest -q --durations=15 $(CONFORMANCE) packages/jax_impl/tests
+	python -m tooling.run_tests frameworks
 
 # Headless Chromium and its WebDriver for the report's browser test (Debian's packages; Selenium is told the
 # driver's path and never downloads a browser or driver).
@@ -48,9 +45,12 @@ browser:
 	fi
 
 test-cross: setup browser
-	python -m pytest -q --durations=40
+	python -m tooling.run_tests cross
 
-test: test-frameworks test-cross
+# Both, side by side: the framework suites one after another beside the cross-cutting suite (tooling/run_tests.py
+# says why); the cross-cutting suite prints live, each framework suite when it ends.
+test: setup browser
+	python -m tooling.run_tests
 
 lint: $(VENV)/.installed
 	ruff check .
@@ -83,7 +83,8 @@ clean-envs:
 images: $(VENV)/.installed
 	python -m tooling.images build --variant cpu
 
-# Builds the CPU images, then runs the whole pipeline in them (ROSETTA_RUNTIME=container) in a temporary copy.
+# Builds the CPU images, runs the tiny pipeline locally, then reruns its image-using stages in containers
+# (ROSETTA_RUNTIME=container) in a copy of it.
 test-containers: $(VENV)/.installed
 	ROSETTA_CONTAINER_TESTS=1 python -m pytest -q tests/test_containers.py
 

@@ -122,15 +122,16 @@ class KillEvent(NamedTuple):
     output: str
 
 
-def repro_and_kill(root: Path, env: dict[str, str], kill: Kill, limit: float = 900) -> KillEvent:
-    """Start `dvc repro` in its own session; SIGKILL its process group at the moment `kill` names."""
+def repro_and_kill(root: Path, env: dict[str, str], kill: Kill, limit: float = 900,
+                   targets: tuple[str, ...] | list[str] = ()) -> KillEvent:
+    """Start `dvc repro [targets]` in its own session; SIGKILL its process group at the moment `kill` names."""
     hold = {}
     if kill.hold:
         counter = root / ".dvc/tmp/test-hold-count"
         counter.unlink(missing_ok=True)  # a fresh count for each run: "#2" is the second process of this run
         hold = {"ROSETTA_TEST_HOLD": kill.hold, "ROSETTA_TEST_HOLD_COUNT": str(counter)}
     proc = subprocess.Popen(
-        ["dvc", "repro"], cwd=root, env={**env, **hold, "PYTHONUNBUFFERED": "1"}, text=True,
+        ["dvc", "repro", *targets], cwd=root, env={**env, **hold, "PYTHONUNBUFFERED": "1"}, text=True,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
     )
     lines: list[str] = []

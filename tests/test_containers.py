@@ -1,11 +1,14 @@
 """The container runtime: recipes (hadolint, shape), the generated `docker run` / `podman run` lines, errors.
 
-Integration (about 4 min with warm images, 9 min cold here; ROSETTA_CONTAINER_TESTS=0 switches it off): starts
-a container engine if none answers and one can be started (dockerd), builds the four CPU images from the one
-recipe with the documented command (no registry), checks they run as non-root, then runs
-`ROSETTA_RUNTIME=container dvc repro` in a temporary copy with tiny params: a passing validation report, every
-output owned by the user who ran it, the model servers served from containers on one network the serve stage made
-(and removed), training figures within the parity tolerances of the session's local tiny run (conftest.py).
+Integration (ROSETTA_CONTAINER_TESTS=0 switches it off): starts a container engine if none answers and one can
+be started (dockerd), builds the four CPU images from the one recipe with the documented command (no registry),
+checks they run as non-root, then, in a copy of the session's finished local tiny run (conftest.py), reruns under
+`ROSETTA_RUNTIME=container` every stage that needs an image of each environment: torch's train_export, the three
+data-parallel stages (two containers on one network each), serve (one container per server, on a network it
+makes) and validate (the validation image). It checks a passing validation report, every output of those stages
+owned by the user who ran them, and the container's training figures against the local run's within the parity
+tolerances. (TF's and JAX's train_export in containers run the same runner code on images the data-parallel
+stages already use; rerunning them would double the test's time and show nothing new.)
 Timings are not measured here (benchmarks/README.md, "Containers").
 Where no engine can run, or the local base image cannot be made, it skips with the reason.
 """
@@ -25,11 +28,12 @@ import pytest
 import yaml
 
 from integrity_support import tree
+from lineage_support import copy_run
 from pipelines import containers, paths
 from pipelines.containers import Engine
 from pipelines.environments import ENVIRONMENTS, lock_path, lock_sha256
 from rosetta_common.io import sha256
-from support import REPO, copy_repo, orchestrator_env
+from support import REPO, orchestrator_env
 from tooling import images
 
 RECIPES = sorted((REPO / "containers").glob("*.Dockerfile"))
@@ -393,27 +397,42 @@ def test_image_runs_as_non_root_and_imports_its_framework(engine, built_images, 
     print(f"\n[containers] {image}: {built_images[env] / 1e9:.2f} GB", file=sys.stderr)
 
 
+# The stages rerun in containers, in the pipeline's order: one of each environment's images at least, both
+# network features (data-parallel workers, servers), and validate judging what the containers made.
+CONTAINER_STAGES = ["train_export@torch", "train_dp@torch", "train_dp@tf", "train_dp@jax", "serve", "validate",
+                    "report"]
+# What those stages write (dvc.yaml's outs): the files the ownership test reads.
+CONTAINER_OUTPUTS = ["artifacts/torch", "artifacts/data_parallel", "artifacts/served", "reports"]
+
+
 @pytest.fixture(scope="module")
-def pipeline(engine, built_images):
+def pipeline(engine, built_images, request):
+    """The session's local tiny run copied whole (work tree, git, DVC cache), then CONTAINER_STAGES forced to run
+    again, one by one, under the container runtime. The local run is asked for here, once the engine and the
+    images exist: as an argument, pytest would set it up first, minutes of work where the engine then turns out
+    to be missing and the test skips."""
+    tiny_pipeline = request.getfixturevalue("tiny_pipeline")
+    assert tiny_pipeline.env.get("ROSETTA_RUNTIME", "local") == "local"  # the local environments, not containers
     work = Path(tempfile.mkdtemp(prefix="rosetta-containers-"))
     try:
-        root = work / "repo"
-        env = orchestrator_env(ROSETTA_RUNTIME="container", ROSETTA_VARIANT="cpu", HOME=str(work / "home"))
-        copy_repo(root, env)
+        root = copy_run(tiny_pipeline.root, work / "repo")
+        env = orchestrator_env(ROSETTA_ENVS_DIR=tiny_pipeline.env["ROSETTA_ENVS_DIR"], ROSETTA_RUNTIME="container",
+                               ROSETTA_VARIANT="cpu", HOME=str(work / "home"))
         (root / ".dvc/config.local").write_text(f"[core]\n    site_cache_dir = {work / 'dvc-site'}\n")
         (work / "home").mkdir()
-        first = subprocess.run(["dvc", "repro"], cwd=root, env=env, capture_output=True, text=True, check=False)
+        first = subprocess.run(["dvc", "repro", "--force", "--single-item", *CONTAINER_STAGES], cwd=root, env=env,
+                               capture_output=True, text=True, check=False)
         assert first.returncode == 0, first.stdout[-4000:] + first.stderr[-4000:]
-        yield root, env, first.stdout
+        yield root, env, first.stdout, tiny_pipeline.root
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
 @integration
-def test_container_pipeline_passes_validation(pipeline):
-    root, _, output = pipeline
-    ran = set(re.findall(r"Running stage '([^']+)'", output))
-    assert {"data", "validate"} <= ran and {f"train_export@{f}" for f in ("torch", "tf", "jax")} <= ran
+def test_container_stages_ran_and_pass_validation(pipeline):
+    root, _, output, _ = pipeline
+    ran = re.findall(r"Running stage '([^']+)'", output)
+    assert ran == CONTAINER_STAGES, output[-3000:]
     report = json.loads((root / "reports/validation.json").read_text())
     assert report["passed"] is True
 
@@ -422,7 +441,7 @@ def test_container_pipeline_passes_validation(pipeline):
 def test_data_parallel_stages_ran_as_two_containers_on_one_network(pipeline):
     """TINY switches data-parallel training on: each train_dp stage ran its 2 workers as 2 containers on a network
     made for the run (resolved by container name, as two hosts would be), and validate judged them."""
-    root, _, output = pipeline
+    root, _, output, _ = pipeline
     for fw in ("torch", "tf", "jax"):
         started = re.findall(rf"started worker (\d) \(container (rosetta-dp-{fw}-[0-9a-f]+)-\d\)", output)
         assert sorted(rank for rank, _ in started) == ["0", "1"], output[-3000:]
@@ -443,7 +462,7 @@ def test_the_serve_stage_served_from_containers_on_one_network_it_made(pipeline)
     in-process logits bit for bit (same images trained and served)."""
     from test_serve_stage import PROTOCOLS, SERVERS, expected_served_rows
 
-    root, _, output = pipeline
+    root, _, output, _ = pipeline
     record = json.loads((root / "measurements/stages/serve.json").read_text())
     network = record["network"]
     assert record["runtime"] == "container" and re.fullmatch(r"rosetta-serve-[0-9a-f]{8}", network), record
@@ -472,18 +491,18 @@ def test_the_serve_stage_served_from_containers_on_one_network_it_made(pipeline)
 
 @integration
 def test_outputs_belong_to_the_user_who_ran_dvc(pipeline):
-    root, _, _ = pipeline
+    root, _, _, _ = pipeline
     uid = os.getuid()
-    outputs = [p for d in ("data", "artifacts", "reports") for p in (root / d).rglob("*")]
+    outputs = [p for d in CONTAINER_OUTPUTS for p in (root / d).rglob("*")]
     assert outputs
     assert {p.stat().st_uid for p in outputs} == {uid}, [str(p) for p in outputs if p.stat().st_uid != uid][:5]
 
 
 @integration
 def test_second_container_repro_runs_nothing(pipeline):
-    root, env, _ = pipeline
+    root, env, _, _ = pipeline
     again = subprocess.run(["dvc", "repro"], cwd=root, env=env, capture_output=True, text=True, check=True)
-    assert "Running stage" not in again.stdout
+    assert "Running stage" not in again.stdout, again.stdout[-3000:]
 
 
 @integration
@@ -506,24 +525,21 @@ def test_a_stage_runs_as_the_invoking_uid_and_its_files_are_its_own(engine, buil
 
 
 @integration
-def test_container_figures_equal_local_ones_within_parity_tolerances(pipeline, request):
+def test_container_figures_equal_local_ones_within_parity_tolerances(pipeline):
     """The same training stages in the local environments give the container's figures back (same locks, same
-    CPU), judged by the training-parity tolerances. The local run is the session's tiny pipeline (conftest.py):
-    a copy of the same checkout with the same TINY params, run by `dvc repro` in the local environments."""
+    CPU), judged by the training-parity tolerances: torch's train_export and every framework's data-parallel
+    runs, against the session's local tiny run they were copied from."""
     from rosetta_common.metrics import relative_diff
     from rosetta_common.spec import load_spec
 
-    root, _, _ = pipeline
-    # asked for here, once the container run exists: as an argument, pytest would set the session-wide run up
-    # first, minutes of work where the engine then turns out to be missing and the test skips
-    tiny_pipeline = request.getfixturevalue("tiny_pipeline")
-    local = tiny_pipeline.root
-    assert tiny_pipeline.env.get("ROSETTA_RUNTIME", "local") == "local"  # the local environments, not containers
+    root, _, _, local = pipeline
     assert (local / "params.yaml").read_bytes() == (root / "params.yaml").read_bytes()
     for inputs in (paths.PREPARED, paths.INIT):  # both trained from the same prepared data and initial weights
         assert tree(local / inputs) == tree(root / inputs), inputs
-    tol = load_spec(root / "params.yaml").tolerances
-    runs = [(f, m) for f in ("torch", "tf", "jax") for m in load_spec(root / "params.yaml").models]
+    spec = load_spec(root / "params.yaml")
+    tol = spec.tolerances
+    runs = [("torch", m, False) for m in spec.models]
+    runs += [(f, m, True) for f in ("torch", "tf", "jax") for m in spec.data_parallel.models]
     for run in runs:
         (c_losses, c_metrics), (l_losses, l_metrics) = _figures(root, *run), _figures(local, *run)
         assert relative_diff(c_losses[0], l_losses[0]) <= tol.step1_loss_rel, run
@@ -531,6 +547,7 @@ def test_container_figures_equal_local_ones_within_parity_tolerances(pipeline, r
         assert 100 * abs(c_metrics["test_accuracy"] - l_metrics["test_accuracy"]) <= tol.test_accuracy_points, run
 
 
-def _figures(root: Path, fw: str, model: str) -> tuple[list[float], dict]:
-    log = json.loads((root / paths.train_log(model, fw)).read_text())
-    return log["step_losses"], json.loads((root / paths.metrics(model, fw)).read_text())
+def _figures(root: Path, fw: str, model: str, data_parallel: bool) -> tuple[list[float], dict]:
+    folder = root / (paths.data_parallel_run(model, fw) if data_parallel else paths.run_dir(model, fw))
+    log = json.loads((folder / "train_log.json").read_text())
+    return log["step_losses"], json.loads((folder / "metrics.json").read_text())

@@ -231,26 +231,27 @@ def test_direct_kill_leaves_old_or_complete(run: Run, ready: Callable[[Point], b
 
 
 def test_dvc_repro_killed_between_two_models(run: Run) -> None:
-    """`dvc repro` reruns the jax stage (its package changed), which trains every model in one process, and is
+    """`dvc repro` reruns the torch stage (its package changed), which trains every model in one process, and is
     killed while the second model trains, the first one's folder published: the first is complete, every other
     absent (DVC removes a stage's output folder before running the stage), nothing else touched. The next
-    `dvc repro` runs the jax stage again, and no other framework's, and passes."""
+    `dvc repro` runs the torch stage again, and no other framework's, and passes. (Torch's stage: the fastest of
+    the three to run twice; which framework's process is killed changes nothing DVC does.)"""
     before = fingerprint(run.root)
-    package = run.root / "packages/jax_impl/src/rosetta_jax/__init__.py"
+    package = run.root / "packages/torch_impl/src/rosetta_torch/__init__.py"
     original = package.read_bytes()
     replace_file(package, original + b"\n# touched by test_stage_kills\n")
     first, second = MODELS[:2]
     try:
         started = Started(["dvc", "repro"], run.root, run.env)
-        started.kill_when(lambda: f"train_export: jax/{first}" in started.output()
-                          and f"jax {second}:" in started.output().split(f"train_export: jax/{first}")[1])
-        folders = {str(paths.run_dir(first, "jax")): "complete|old"}
-        folders |= {str(paths.run_dir(m, "jax")): "absent" for m in MODELS[1:]}
+        started.kill_when(lambda: f"train_export: torch/{first}" in started.output()
+                          and f"torch {second}:" in started.output().split(f"train_export: torch/{first}")[1])
+        folders = {str(paths.run_dir(first, "torch")): "complete|old"}
+        folders |= {str(paths.run_dir(m, "torch")): "absent" for m in MODELS[1:]}
         states = check_outputs(run.root, before, folders)
         ran = repro_completes(run)
-        assert "train_export@jax" in ran and not {"train_export@torch", "train_export@tf"} & ran, ran
+        assert "train_export@torch" in ran and not {"train_export@jax", "train_export@tf"} & ran, ran
         for folder in folders:
             assert consistent(run.root / folder), folder
     finally:
         replace_file(package, original)
-    print(f"killed dvc repro while jax trained {second}: {states}; the next repro ran {sorted(ran)}")
+    print(f"killed dvc repro while torch trained {second}: {states}; the next repro ran {sorted(ran)}")

@@ -81,12 +81,11 @@ def test_onnx_meets_the_conventions_at_every_batch_size(backend: ModuleType, arc
 def test_exports_repeat_byte_for_byte_across_processes(backend: ModuleType, tmp_path: Path) -> None:
     """Two fresh processes export the same weights: every native and ONNX file must have the same bytes (no
     save dates, no random metadata order, no process-global name counters), else DVC's hashes never repeat."""
-    runs = []
-    for i in range(2):
-        worker = [sys.executable, "-m", "rosetta_common.conformance.export_worker", backend.FRAMEWORK]
-        done = subprocess.run([*worker, str(tmp_path / str(i))], check=True, capture_output=True, text=True)
-        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
-    first, second = runs
+    worker = [sys.executable, "-m", "rosetta_common.conformance.export_worker", backend.FRAMEWORK]
+    procs = [subprocess.Popen([*worker, str(tmp_path / str(i))], stdout=subprocess.PIPE, text=True) for i in range(2)]
+    outputs = [proc.communicate()[0] for proc in procs]  # at the same time: neither may depend on the other
+    assert [proc.returncode for proc in procs] == [0, 0]
+    first, second = (json.loads(out.strip().splitlines()[-1]) for out in outputs)
     assert first.keys() == second.keys() and first
     assert [name for name in first if first[name] != second[name]] == []
     # No path of this machine inside an artifact (a source file's, the environment's, the output folder's): it

@@ -78,13 +78,15 @@ def test_the_plans_per_model_learning_rate_is_the_one_used(backend: ModuleType, 
 
 @pytest.fixture(scope="session")
 def two_runs(backend: ModuleType, tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, np.ndarray]]:
-    """The same training in two fresh processes (train_worker.py): the first with a StepHook, the second also
-    stopped after each of the hook's first-epoch steps."""
+    """The same training in two fresh processes (train_worker.py), run at the same time (nothing they compute may
+    depend on what else runs): the first with a StepHook, the second also stopped after each of the hook's
+    first-epoch steps."""
+    outs = [tmp_path_factory.mktemp(f"run{i}") / "run.npz" for i in range(2)]
+    procs = [subprocess.Popen([sys.executable, "-m", "rosetta_common.conformance.train_worker", backend.FRAMEWORK,
+                               str(out), mode]) for out, mode in zip(outs, ("hook", "truncated"), strict=True)]
+    assert [proc.wait() for proc in procs] == [0, 0]
     runs = []
-    for i, mode in enumerate(("hook", "truncated")):
-        out = tmp_path_factory.mktemp(f"run{i}") / "run.npz"
-        subprocess.run([sys.executable, "-m", "rosetta_common.conformance.train_worker", backend.FRAMEWORK, str(out),
-                        mode], check=True)
+    for out in outs:
         with np.load(out, allow_pickle=False) as f:
             runs.append(dict(f))
     return runs

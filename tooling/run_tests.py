@@ -1,0 +1,111 @@
+"""`make test`: the three framework suites, one after another, each in its own environment, side by side with the
+cross-cutting suite in the orchestrator's.
+
+Why side by side: most of both is one Python thread (pytest, DVC, interpreters starting, small models training)
+or a wait (a coordinator that never answers, a held stage, a server starting), so on 2 cores the two streams
+overlap instead of queueing. Nothing is shared between them: each pytest session has its own base temporary
+folder, every port is chosen free at start, and the framework suites touch no pipeline copy.
+
+The cross-cutting suite prints live (its progress is the long one); each framework suite's output goes to
+`.rosetta/tests/<framework>.log` and is printed whole when it ends, with a one-line verdict. The exit status is
+non-zero when any suite failed.
+
+    python -m tooling.run_tests [all|frameworks|cross]   (make test, make test-frameworks, make test-cross)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from pipelines.environments import REPO_ROOT
+
+FRAMEWORKS = ("torch", "tf", "jax")
+CONFORMANCE = "packages/common/src/rosetta_common/conformance"
+LOGS = REPO_ROOT / ".rosetta/tests"
+
+
+def framework_suite(framework: str, basetemp: Path) -> list[str]:
+    """The conformance suite and the framework's own tests, in its environment, through the pipeline's runner."""
+    return [sys.executable, "-m", "pipelines.runner", framework, "--", "python", "-m", "pytest", "-q",
+            "--durations=15", f"--basetemp={basetemp / framework}", CONFORMANCE, f"packages/{framework}_impl/tests"]
+
+
+def cross_suite(basetemp: Path) -> list[str]:
+    """`packages/common/tests` and `tests/` (pyproject.toml's testpaths) in the orchestrator's environment."""
+    return [sys.executable, "-m", "pytest", "-q", "--durations=40", f"--basetemp={basetemp / 'cross'}"]
+
+
+RUNNING: list[subprocess.Popen] = []  # the suites' processes, stopped if the run is interrupted
+
+
+def run(cmd: list[str], **kwargs) -> int:
+    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, **kwargs)
+    RUNNING.append(proc)
+    try:
+        return proc.wait()
+    finally:
+        RUNNING.remove(proc)
+
+
+def run_frameworks(basetemp: Path, results: dict[str, int], echo: bool) -> None:
+    """Each framework suite in turn; with `echo`, its output live, otherwise into its log, printed when it ends."""
+    LOGS.mkdir(parents=True, exist_ok=True)
+    for framework in FRAMEWORKS:
+        started = time.monotonic()
+        if echo:
+            results[framework] = run(framework_suite(framework, basetemp))
+        else:
+            log = LOGS / f"{framework}.log"
+            with log.open("w") as out:
+                results[framework] = run(framework_suite(framework, basetemp), stdout=out, stderr=subprocess.STDOUT)
+            print(f"\n---------- {framework} suite ({log.relative_to(REPO_ROOT)}) ----------\n{log.read_text()}",
+                  flush=True)
+        verdict = "passed" if results[framework] == 0 else f"FAILED (exit {results[framework]})"
+        print(f"[run_tests] {framework} suite {verdict} in {time.monotonic() - started:.0f} s", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("which", nargs="?", default="all", choices=["all", "frameworks", "cross"])
+    which = parser.parse_args(argv).which
+    results: dict[str, int] = {}
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="rosetta-tests-") as tmp:
+        basetemp = Path(tmp)
+        try:
+            if which == "frameworks":
+                run_frameworks(basetemp, results, echo=True)
+            elif which == "cross":
+                results["cross"] = run(cross_suite(basetemp))
+            else:
+                beside = threading.Thread(target=run_frameworks, args=(basetemp, results, False), daemon=True)
+                beside.start()
+                results["cross"] = run(cross_suite(basetemp))
+                print("[run_tests] cross-cutting suite "
+                      f"{'passed' if results['cross'] == 0 else 'FAILED'} in {time.monotonic() - started:.0f} s; "
+                      "waiting for the framework suites", flush=True)
+                beside.join()
+        except KeyboardInterrupt:
+            for proc in list(RUNNING):
+                proc.terminate()
+            for proc in list(RUNNING):
+                proc.wait()
+            print("[run_tests] interrupted", file=sys.stderr)
+            return 130
+    failed = [name for name in (*FRAMEWORKS, "cross") if name in results and results[name] != 0]
+    missing = [name for name in FRAMEWORKS if which != "cross" and name not in results]
+    print(f"[run_tests] {which}: {'FAILED: ' + ', '.join(failed + missing) if failed or missing else 'all passed'} "
+          f"in {time.monotonic() - started:.0f} s", flush=True)
+    return 1 if failed or missing else 0
+
+
+if __name__ == "__main__":
+    os.chdir(REPO_ROOT)
+    sys.exit(main())
