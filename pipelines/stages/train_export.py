@@ -84,7 +84,7 @@ class Checkpoints:
 
     def complete(self, data: Dataset, out: Path) -> None:
         """Train the replicates that have not run yet through the last checkpoint or the window, then write."""
-        last = max(*self.steps, self.window)
+        last = max([*self.steps, self.window])  # lockstep_checkpoints may be empty: the window is then the last
         for replicate in range(1, self.spec.replicates.count + 1):
             if replicate in self.states:
                 continue
