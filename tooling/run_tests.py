@@ -38,14 +38,8 @@ def framework_suite(framework: str, basetemp: Path) -> list[str]:
 
 
 def cross_suite(basetemp: Path) -> list[str]:
-    """`packages/common/tests` and `tests/` (pyproject.toml's testpaths) in the orchestrator's environment, on
-    ROSETTA_TEST_WORKERS pytest-xdist workers (default 2), each taking a whole file at a time (a file's module
-    fixtures, its copies of the tiny run, are made once); tests/conftest.py shares the one tiny run among them."""
-    workers = os.environ.get("ROSETTA_TEST_WORKERS", "2")
-    if not workers.isdigit() or int(workers) < 1:
-        raise SystemExit(f"error: ROSETTA_TEST_WORKERS={workers!r}: must be a whole number of at least 1")
-    return [sys.executable, "-m", "pytest", "-q", "--durations=40", f"--basetemp={basetemp / 'cross'}",
-            "-n", workers, "--dist", "loadfile"]
+    """`packages/common/tests` and `tests/` (pyproject.toml's testpaths) in the orchestrator's environment."""
+    return [sys.executable, "-m", "pytest", "-q", "--durations=40", f"--basetemp={basetemp / 'cross'}"]
 
 
 RUNNING: list[subprocess.Popen] = []  # the suites' processes, stopped if the run is interrupted
