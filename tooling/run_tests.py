@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import TextIO
 
 from pipelines.environments import REPO_ROOT
 
@@ -43,12 +45,22 @@ def cross_suite(basetemp: Path) -> list[str]:
 
 
 RUNNING: list[subprocess.Popen] = []  # the suites' processes, stopped if the run is interrupted
+SUMMARIES: dict[str, str] = {}  # each suite's own pytest summary ("600 passed, 9 skipped in 1981.99s")
+SUMMARY = re.compile(r"^=* *(\d+ (?:passed|failed|error|errors|skipped|deselected)\b.* in [\d.]+s.*?) *=*$")
 
 
-def run(cmd: list[str], **kwargs) -> int:
-    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, **kwargs)
+def run(name: str, cmd: list[str], sink: TextIO) -> int:
+    """Run one suite, its output (stdout and stderr) line by line into `sink`, keeping pytest's summary line."""
+    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            bufsize=1, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     RUNNING.append(proc)
     try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            sink.write(line)
+            sink.flush()
+            if found := SUMMARY.match(line.strip()):
+                SUMMARIES[name] = found.group(1)
         return proc.wait()
     finally:
         RUNNING.remove(proc)
@@ -60,15 +72,24 @@ def run_frameworks(basetemp: Path, results: dict[str, int], echo: bool) -> None:
     for framework in FRAMEWORKS:
         started = time.monotonic()
         if echo:
-            results[framework] = run(framework_suite(framework, basetemp))
+            results[framework] = run(framework, framework_suite(framework, basetemp), sys.stdout)
         else:
             log = LOGS / f"{framework}.log"
             with log.open("w") as out:
-                results[framework] = run(framework_suite(framework, basetemp), stdout=out, stderr=subprocess.STDOUT)
+                results[framework] = run(framework, framework_suite(framework, basetemp), out)
             print(f"\n---------- {framework} suite ({log.relative_to(REPO_ROOT)}) ----------\n{log.read_text()}",
                   flush=True)
         verdict = "passed" if results[framework] == 0 else f"FAILED (exit {results[framework]})"
         print(f"[run_tests] {framework} suite {verdict} in {time.monotonic() - started:.0f} s", flush=True)
+
+
+def totals(names: list[str]) -> str:
+    """The suites' pytest summaries added up, as pytest words its own: "1461 passed, 9 skipped"."""
+    counts: dict[str, int] = {}
+    for name in names:
+        for number, word in re.findall(r"(\d+) (\w+)", SUMMARIES.get(name, "").split(" in ")[0]):
+            counts[word] = counts.get(word, 0) + int(number)
+    return ", ".join(f"{n} {word}" for word, n in counts.items()) or "no summary"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,11 +104,11 @@ def main(argv: list[str] | None = None) -> int:
             if which == "frameworks":
                 run_frameworks(basetemp, results, echo=True)
             elif which == "cross":
-                results["cross"] = run(cross_suite(basetemp))
+                results["cross"] = run("cross", cross_suite(basetemp), sys.stdout)
             else:
                 beside = threading.Thread(target=run_frameworks, args=(basetemp, results, False), daemon=True)
                 beside.start()
-                results["cross"] = run(cross_suite(basetemp))
+                results["cross"] = run("cross", cross_suite(basetemp), sys.stdout)
                 print("[run_tests] cross-cutting suite "
                       f"{'passed' if results['cross'] == 0 else 'FAILED'} in {time.monotonic() - started:.0f} s; "
                       "waiting for the framework suites", flush=True)
@@ -101,8 +122,11 @@ def main(argv: list[str] | None = None) -> int:
             return 130
     failed = [name for name in (*FRAMEWORKS, "cross") if name in results and results[name] != 0]
     missing = [name for name in FRAMEWORKS if which != "cross" and name not in results]
-    print(f"[run_tests] {which}: {'FAILED: ' + ', '.join(failed + missing) if failed or missing else 'all passed'} "
-          f"in {time.monotonic() - started:.0f} s", flush=True)
+    names = [name for name in (*FRAMEWORKS, "cross") if name in results]
+    each = "; ".join(f"{name}: {SUMMARIES.get(name, 'no summary')}" for name in names)
+    verdict = "FAILED: " + ", ".join(failed + missing) + "; " if failed or missing else ""
+    # Last, in pytest's own words: every suite's counts added up, then each suite's summary.
+    print(f"========== {verdict}{totals(names)} in {time.monotonic() - started:.0f}s ({each}) ==========", flush=True)
     return 1 if failed or missing else 0
 
 
