@@ -85,15 +85,26 @@ class Checkpoints:
     def complete(self, data: Dataset, out: Path) -> None:
         """Train the replicates that have not run yet through the last checkpoint or the window, then write."""
         last = max([*self.steps, self.window])  # lockstep_checkpoints may be empty: the window is then the last
+        model = None
         for replicate in range(1, self.spec.replicates.count + 1):
             if replicate in self.states:
                 continue
             self.backend.configure(self.spec.seed)  # as the run itself started
-            model = self.backend.build(self.job.config, perturbed(self.job.init, replicate)[0])
+            model = rebuilt(self.backend, self.job, model, perturbed(self.job.init, replicate)[0])
             self.ran(replicate, self.backend.train(model, self.job.plan.truncated(last), data, self.hook(replicate)))
         arrays = {k: v for replicate in sorted(self.states) for k, v in self.states[replicate].items()}
         with open(out / paths.CHECKPOINTS_FILE, "wb") as f:
             np.savez(f, **arrays)
+
+
+def rebuilt(backend: ModuleType, job: Job, model: Any, init: Weights) -> Any:
+    """The job's model holding `init`: a fresh build the first time (`model` None), then the same model with its
+    weights put back (from_canonical), which the contract trains exactly as a fresh build. A replicate reuses
+    what the framework made for the last one (Keras' traced step: seconds a model)."""
+    if model is None:
+        return backend.build(job.config, init)
+    backend.from_canonical(model, init)
+    return model
 
 
 def train(backend: ModuleType, job: Job, data: Dataset, out: Path, where: str,
@@ -107,9 +118,13 @@ def train(backend: ModuleType, job: Job, data: Dataset, out: Path, where: str,
 def train_replicates(backend: ModuleType, spec: Spec, job: Job, data: Dataset, out: Path, where: str,
                      checkpoints: Checkpoints) -> None:
     """The measured null (params.yaml `replicates`, stages.common.replicates), each replicate trained as the run
-    was: built from its init, backend.train on the plan (its lockstep checkpoints taken on the way)."""
+    was: from its init (one model, `rebuilt` for each), backend.train on the plan (its lockstep checkpoints taken
+    on the way)."""
+    model = None
+
     def fit(replicate: int, init: Weights) -> tuple[Any, TrainResult]:
-        model = backend.build(job.config, init)
+        nonlocal model
+        model = rebuilt(backend, job, model, init)
         result = backend.train(model, job.plan, data, checkpoints.hook(replicate))
         checkpoints.ran(replicate, result)
         return model, result

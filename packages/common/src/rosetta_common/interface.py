@@ -22,6 +22,7 @@ As Keras 3 keeps one interface above `backend/{jax,tensorflow,torch}/`, `rosetta
   gradients; the parameters after each step (what the conformance suite checks against the formula);
 - `train.train(model, plan, data, hook=None) -> TrainResult`: train in place on the plan's batches in the plan's
   order, showing progress; a rosetta_common.training.StepHook is called with the model after each of its steps;
+  a model trained before, its weights put back by `from_canonical`, trains exactly as a fresh build would;
 - `export.export_native(model, out_dir, example) -> [Path]`: the framework's native format(s), no pickle;
 - `export.load_native(out_dir) -> {format: predict}`: reload each native format (ArtifactError if missing
   or unsafe);

@@ -16,6 +16,7 @@ Parity with the other frameworks needs three things Keras does not give by defau
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -222,13 +223,28 @@ def plan_batches(plan: TrainPlan, data: Dataset, masks: np.ndarray | None = None
                                      tf.gather(labels, idx))).prefetch(2)
 
 
+# Trainer -> the optimizer spec it was compiled with. Tracing fit's step costs seconds a model (more than training
+# most of them on digits), and a new compile traces again: a model trained again (a replicate, its weights put
+# back by from_canonical) keeps its compiled step, its optimizer restarted instead of rebuilt.
+_COMPILED: weakref.WeakKeyDictionary[keras.Model, OptimizerSpec] = weakref.WeakKeyDictionary()
+
+
+def restart(optimizer: keras.optimizers.Optimizer) -> None:
+    """The optimizer as a fresh one of its kind starts: no step taken, every slot (momentum, velocity) zero. Its
+    learning rate (a variable too) stays."""
+    for variable in optimizer.variables:
+        if variable is not optimizer._learning_rate:  # Keras keeps the rate's variable only there
+            variable.assign(np.zeros(variable.shape, variable.dtype))
+
+
 def train(model: keras.Model, plan: TrainPlan, data: Dataset, hook: StepHook | None = None) -> TrainResult:
     """Train `model` in place with compile + fit on the plan's batches; every step's loss and each epoch's time.
 
     A model with dropout trains through its training twin (models.training_view: the same layers and
     variables, plus the step's dropout mask as an input); the others train as they are. The model stays in
     inference mode afterwards: Keras keeps no mode, and predict() calls it with training=False. `hook` runs in
-    a callback after its steps (steps_per_execution=1: the variables hold that step's state).
+    a callback after its steps (steps_per_execution=1: the variables hold that step's state). A model trained
+    before with the same optimizer spec trains on its compiled step again (`_COMPILED`), as a fresh build would.
     """
     config = model_config(model)
     if plan.arch != config.arch:
@@ -236,10 +252,14 @@ def train(model: keras.Model, plan: TrainPlan, data: Dataset, hook: StepHook | N
     check_inputs(config, data)
     masks = dropout_masks(plan, config)  # None for a model without dropout
     trainer = training_view(model)
-    # jit_compile=False: XLA fuses differently from the other frameworks' kernels (and Keras would
-    # switch it on when a GPU is present); steps_per_execution=1 so every step's loss is seen.
-    trainer.compile(optimizer=make_optimizer(model, plan.optimizer, plan.num_steps), loss=make_loss(),
-                    metrics=[StepLoss()], jit_compile=False, steps_per_execution=1)
+    if _COMPILED.get(trainer) == plan.optimizer:
+        restart(trainer.optimizer)  # trained before with this optimizer: fit reuses its traced step
+    else:
+        # jit_compile=False: XLA fuses differently from the other frameworks' kernels (and Keras would
+        # switch it on when a GPU is present); steps_per_execution=1 so every step's loss is seen.
+        trainer.compile(optimizer=make_optimizer(model, plan.optimizer, plan.num_steps), loss=make_loss(),
+                        metrics=[StepLoss()], jit_compile=False, steps_per_execution=1)
+        _COMPILED[trainer] = plan.optimizer
     record = _Record(plan.num_steps, desc=f"tf {plan.arch}", hook=hook, model=model)
     start = time.perf_counter()
     trainer.fit(plan_batches(plan, data, masks), epochs=plan.epochs, steps_per_epoch=plan.steps_per_epoch,

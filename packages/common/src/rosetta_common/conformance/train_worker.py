@@ -5,6 +5,9 @@
 Run as a separate process (twice) by test_training.py: two processes must agree bit for bit. With `hook`, the
 run carries a StepHook at HOOK_STEPS that records the model's state there; with `truncated`, the same training is
 also run stopped after each first-epoch step of HOOK_STEPS (plan.truncated): the state the hook must have seen.
+The `truncated` process trains one model every time, its weights put back by from_canonical before the next: a
+model trained again must train exactly as a fresh build (the pipeline's replicates reuse theirs), so its last,
+full run must equal the `hook` process's, which trains a fresh build.
 """
 
 from __future__ import annotations
@@ -41,12 +44,12 @@ def main(framework: str, out: str, mode: str) -> None:
         data = learnable_data(tokens=config.input.kind == "tokens")
         train_plan = plan(spec, arch, len(data.train_labels))
         assert train_plan.num_steps == HOOK_STEPS[-1], train_plan
-        if mode == "truncated":
+        model = backend.build(config, asymmetric_weights(config, 11))
+        if mode == "truncated":  # one model, trained again and again, its weights put back each time
             for step in HOOK_STEPS[:-1]:
-                model = backend.build(config, asymmetric_weights(config, 11))
                 backend.train(model, train_plan.truncated(step), data)
                 arrays |= state(backend, model, f"{arch}/truncated/{step}/", data.test_inputs)
-        model = backend.build(config, asymmetric_weights(config, 11))
+                backend.from_canonical(model, asymmetric_weights(config, 11))
 
         def seen(step: int, model: Any, arch: str = arch, data: Dataset = data,
                  out: dict[str, np.ndarray] = arrays) -> None:
