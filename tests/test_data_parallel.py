@@ -159,7 +159,7 @@ def test_a_port_in_use_is_one_line(dp_copy: Path, tiny_pipeline: TinyRun) -> Non
 def test_tiny_pipeline_judges_every_data_parallel_run(tiny_pipeline: TinyRun) -> None:
     """TINY switches data_parallel on (2 workers): every framework's 2-worker run matches its single-process run
     and the other frameworks' 2-worker runs, judged as two frameworks' runs are (no weaker bound for any model):
-    a model in replicates.models trains its one-ulp replicates data-parallel too, for the null."""
+    a model in replicates.models trains its replicates data-parallel too, for the null."""
     report = json.loads((tiny_pipeline.root / "reports/validation.json").read_text())
     rows = {(r["model"], r["framework"], r["check"]): r for r in report["checks"]}
     pairs = [f"{fw}-dp|{fw}" for fw in FRAMEWORKS] + ["torch-dp|tf-dp", "torch-dp|jax-dp", "tf-dp|jax-dp"]

@@ -1,11 +1,11 @@
 """The judge against the porting bugs users make, for real: in a copy of the session's finished TINY run, one
 framework's code gets one mistake (its text replaced in the copy's source), that framework's train_export reruns
-for the model it is planted in (with its one-ulp replicates and lockstep checkpoints, as params.yaml asks), and
+for the model it is planted in (with its replicates and lockstep checkpoints, as params.yaml asks), and
 validate runs. It must exit non-zero and fail the named check for both pairs with the planted framework, and
 every check of the third pair must pass. The unplanted tiny run passes validate (test_pipeline_e2e.py).
 
 Each mistake changes something the frameworks compute alike while their runs are in lockstep, so a float32 bound
-catches it before the runs part and chaos hides it (a lockstep figure beyond it is judged against the one-ulp
+catches it before the runs part and chaos hides it (a lockstep figure beyond it is judged against the
 replicates' checkpoints, which every mistake here exceeds by orders of magnitude, or, where too few replicates
 make the null unable to judge, the bound stands):
 - torch's BatchNorm given the spec's momentum, and torch's unbiased running variance left uncorrected: training

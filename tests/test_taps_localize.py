@@ -126,7 +126,7 @@ def validate_round(tiny: TinyRun, root: Path, plants: list[Plant]) -> Validated:
     """A fresh copy of the finished run with the round's plants in its source, each planted framework's
     train_export rerun for its model alone, then validate once."""
     shutil.copytree(tiny.root, root, symlinks=True)
-    # No one-ulp replicates for the planted models: they judge end-of-training figures, which these tests do not
+    # No replicates for the planted models: they judge end-of-training figures, which these tests do not
     # look at, and would train each planted model replicates.count more times.
     params = yaml.safe_load((root / "params.yaml").read_text())
     planted = {plant.model for plant in plants}

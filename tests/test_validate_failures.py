@@ -290,7 +290,7 @@ def step_loss(model: str, framework: str, check: str, step: int) -> Perturb:
         logs[framework]["step_losses"][step] = moved_value(side, others, aim(side, *worst(rows)), relative=True)
         ws.write_json(paths.train_log(model, framework), logs[framework])
         if check == "train_lockstep_loss_rel":
-            # A lockstep window beyond its float32 bound is judged against the one-ulp replicates' losses
+            # A lockstep window beyond its float32 bound is judged against the replicates' losses
             # (checks/lockstep.py): the framework's replicates move as its run does, as under a porting mistake.
             move_replicate_losses(ws, model, framework, step, logs[framework]["step_losses"][step] / before)
         rehash(ws, paths.run_dir(model, framework))

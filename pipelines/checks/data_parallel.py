@@ -4,7 +4,7 @@ Each framework's N-worker run against the same framework's single-process run (t
 data-parallel training is the same training), and the N-worker runs of the frameworks against each other, by the
 rules two frameworks' runs are judged by (pipelines/checks/parity.py): strict while in lockstep (step-1 loss,
 every step of the lockstep window; the step where the runs part is a figure); at the end of training, test loss
-and accuracy within their float32 bounds, or, once the runs part, against the null of both sides' one-ulp
+and accuracy within their float32 bounds, or, once the runs part, against the null of both sides'
 replicates (a data-parallel run of a model in replicates.models trains its own, on every worker), Holm over the
 whole validate run. No weaker bound for any model. The final weight difference is a figure. Test figures are
 computed here from each run's trained canonical weights with the float64 reference forward, the same way for

@@ -88,7 +88,7 @@ def check_framework(spec: Spec, ledger: Ledger, arch: str, fw: str, data: Any, b
 
 def quality_floor(spec: Spec, ledger: Ledger, arch: str, fw: str, run: dict[str, Any]) -> None:
     """params.yaml's floor (quality.min_test_accuracy, per source) on the run's test accuracy; for a model with
-    one-ulp replicates, on the median of the run and its replicates (what the training gives, not what one
+    replicates, on the median of the run and its replicates (what the training gives, not what one
     rounding path gave), the run's own accuracy and its rank among them in the detail, and a run below every one
     of its replicates named an outlier."""
     minimum = spec.quality.min_test_accuracy[arch]  # the spec requires a floor for every model
@@ -101,7 +101,7 @@ def quality_floor(spec: Spec, ledger: Ledger, arch: str, fw: str, run: dict[str,
     others = [float(r["test_accuracy"]) for r in reps]
     median = float(np.median([own, *others]))
     rank = 1 + sum(other < own for other in others)
-    detail = (f"median {median:.4f} of the run and its {len(others)} one-ulp replicates, required >= {minimum}; "
+    detail = (f"median {median:.4f} of the run and its {len(others)} replicates, required >= {minimum}; "
               f"the run {own:.4f}, rank {rank} of {len(others) + 1} from the lowest")
     if own < min(others):
         detail += f"; an outlier: below every replicate (lowest {min(others):.4f})"

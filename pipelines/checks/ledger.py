@@ -42,7 +42,7 @@ CHECKPOINTS_READABLE = "checkpoints_readable"
 LOCKSTEP_WEIGHTS_REL = "lockstep_weights_rel"
 LOCKSTEP_RUNNING_STATS_REL = "lockstep_running_stats_rel"
 LOCKSTEP_LOGITS_REL = "lockstep_logits_rel"
-REPLICATES_READABLE = "replicates_readable"  # the one-ulp replicates of a run (pipelines/checks/replicates.py)
+REPLICATES_READABLE = "replicates_readable"  # the replicates of a run (pipelines/checks/replicates.py)
 RUNNING_STATISTICS = ("running_mean", "running_var")  # BatchNorm's, each judged as "<statistic>_rel"
 # The end-of-training checks of a pair of frameworks' trained models: a mistake that changes no init forward and
 # no training loss (BatchNorm's momentum convention moves only the running statistics) shows first here, and in

@@ -9,13 +9,13 @@ its unbiased running variance, a weight decay on a weight whose gradient is zero
 part and chaos hides it.
 
 Beyond that float32 bound a figure is judged against the null of the same checkpoints of each framework's
-`replicates.count` one-ulp replicates (recorded beside the run's, for every model), as an end-of-training figure
+`replicates.count` replicates (recorded beside the run's, for every model), as an end-of-training figure
 is after parting (replicate_null: the cross distances run vs run and replicate i vs replicate i, the within ones
 each run vs its own replicates, Holm over the run's nulls). Adam makes that needed: it divides a step by
 sqrt(v) + epsilon, so a weight whose gradient cancels to about epsilon moves by a share of the learning rate
 that its gradient's last bits decide, and such weights (a rarely seen token's embedding row, a GRU's recurrent
 kernel) carry that into the logits. Measured, seed 5, the text model at step 1: the logits of torch|jax 1.8e-5
-apart by norm, and each framework's run 1.1e-5 to 9.0e-5 from its own one-ulp replicates; gru, seed 7, step 1:
+apart by norm, and each framework's run 1.1e-5 to 9.0e-5 from its own replicates; gru, seed 7, step 1:
 2.8e-5 across, up to 1.9e-5 within (3 of 10 seeds failed the bound alone). The lockstep window's step losses
 (train_lockstep_loss_rel) are judged the same way, from the replicates' losses through the window.
 
@@ -199,4 +199,4 @@ def judge_by_null(ledger: Ledger, arch: str, pair: str, check: str, value: float
     p = rank_sum_p(cross, within)
     ledger.add_null(arch, pair, check, value, tolerance, {"cross": cross, "within": within, "p_value": p},
                     f"{detail}: cross-framework median {np.median(cross):.3g} against within-framework "
-                    f"{np.median(within):.3g} (one-ulp replicates at the checkpoints), p = {p:.3g}")
+                    f"{np.median(within):.3g} (replicates at the checkpoints), p = {p:.3g}")

@@ -115,7 +115,7 @@ def judge_end(ledger: Ledger, arch: str, pair: str, fig: dict[str, Any], tol: To
               b: dict[str, Any], dp: bool = False) -> None:
     """The end-of-training checks of one pair (two frameworks' runs, or a data-parallel run and another run):
     each figure within its float32 bound passes; beyond it, runs still in lockstep fail and runs that parted are
-    judged against the null of both sides' one-ulp replicates (replicates.end_of_training). `a` and `b`: each run's
+    judged against the null of both sides' replicates (replicates.end_of_training). `a` and `b`: each run's
     test loss, accuracy, predictions and step losses, and its "replicates" (None: it has none)."""
     parting = fig["parting_step"]
     have = a["replicates"] is not None and b["replicates"] is not None

@@ -3,14 +3,16 @@
 Where two frameworks' runs part (their step losses differ beyond tolerances.lockstep_loss_rel), training is
 chaotic from that step on, and an end-of-training figure (test loss, test accuracy, prediction disagreement,
 BatchNorm running statistics) can no longer be held to a float32 bound. Each framework also trained
-`replicates.count` replicates from the shared init moved by one ulp in one place (train_export's
-`train_replicates`), replicate i the same experiment in every framework. For a figure's distance d (say the
+`replicates.count` replicates from the shared init moved by one ulp, each batch's rows in an order of their own
+(train_export's `train_replicates`; rosetta_common.training.TrainPlan.replicate), replicate i the same experiment
+in every framework: one ulp at the start and other summation orders at every step, the two ways two frameworks'
+kernels differ. For a figure's distance d (say the
 relative difference of two test losses), a pair of frameworks a, b gives
 
 - cross distances: d(run_a, run_b) and d(replicate_a_i, replicate_b_i) for every i (K + 1 values);
 - within distances: d(run_a, replicate_a_i) and d(run_b, replicate_b_i) for every replicate i that parted from
   its own run (its step losses beyond tolerances.lockstep_loss_rel somewhere; up to 2K values): what chaos does
-  inside one framework once one ulp has set it off. A replicate still in lockstep with its run at the end is no
+  inside one framework once its own rounding has set it off. A replicate still in lockstep with its run at the end is no
   sample of chaos: its distance is a float32 step, and counting it would hold parted runs to the float32 bound
   by another name (TF's cnn replicates stayed in lockstep with TF's run in 13 of 50 runs, seeds 1 to 10).
 

@@ -1,4 +1,4 @@
-"""After two runs part: the one-ulp replicates each framework trained (train_export's train_replicates), read back
+"""After two runs part: the replicates each framework trained (train_export's train_replicates), read back
 and tied to the run, and the rule that judges every end-of-training figure (end_of_training): within its float32
 bound it passes; beyond it, runs still in lockstep fail, and runs that parted are judged against the replicates'
 null (replicate_null), decided for the whole run at once by Ledger.judge_nulls."""
@@ -63,7 +63,7 @@ def end_of_training(ledger: Ledger, arch: str, pair: str, check: str, value: flo
     p = rank_sum_p(cross, within)
     ledger.add_null(arch, pair, check, value, tolerance, {"cross": cross, "within": within, "p_value": p},
                     f"runs part at step {parting}: cross-framework median {np.median(cross):.3g} against "
-                    f"within-framework {np.median(within):.3g} (one-ulp replicates), p = {p:.3g}")
+                    f"within-framework {np.median(within):.3g} (replicates), p = {p:.3g}")
 
 
 def replicate_figures(spec: Spec, arch: str, fw: str, run: dict[str, Any], train_size: int) -> list[dict[str, Any]]:

@@ -193,7 +193,7 @@ def running_statistics(model: str, figures: Sequence[Mapping[str, Any]], toleran
 
 @stable
 def replicates(model: str, runs: Sequence[Mapping[str, Any]]) -> str | None:
-    """Each framework's run (large dot) and its one-ulp replicates (small dots) side by side: test loss and test
+    """Each framework's run (large dot) and its replicates (small dots) side by side: test loss and test
     accuracy, the null against which two frameworks' runs are judged once they part (validate's end_of_training)."""
     runs = [r for r in runs if r.get("model") == model and r.get("replicates")]
     if not runs:

@@ -138,7 +138,7 @@ def sections(inputs: Inputs, variant: str) -> list[Section]:
             "Models with BatchNorm: its running mean "
             "and variance after training, pair by pair, from the trained canonical weights. Once two runs part "
             "(the parting step), their end-of-training figures are judged against the spread of each framework's "
-            "one-ulp replicates (the strip plots).",
+            "replicates (the strip plots).",
             [
                 Group(
                     m,
@@ -149,7 +149,7 @@ def sections(inputs: Inputs, variant: str) -> list[Section]:
                                                          analysis.trained_tolerances(inputs, m).running_stats_rel),
                               f"{m} BatchNorm running statistics after training")
                     + _figure(figures.replicates(m, (inputs.validation or {}).get("runs", [])),
-                              f"{m} each framework's run and its one-ulp replicates"),
+                              f"{m} each framework's run and its replicates"),
                 )
                 for m in models
             ],

@@ -216,7 +216,7 @@ def data_parallel(inputs: Inputs) -> Table:
     note = ("x-dp|x: a framework's data-parallel run against its own single-process run; x-dp|y-dp: two "
             "frameworks' data-parallel runs. Test figures from each run's trained weights with the float64 "
             "reference forward. Judged as two frameworks' runs are, with no weaker bound for any model: once a pair "
-            "parts, its end-of-training figures against both sides' one-ulp replicates.")
+            "parts, its end-of-training figures against both sides' replicates.")
     return Table("Data-parallel runs against single-process runs and each other", columns, rows, note=note,
                  empty="Data-parallel training is off (params.yaml data_parallel.workers: 1; "
                        "-S data_parallel.workers=2 switches it on).")

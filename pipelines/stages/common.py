@@ -115,10 +115,12 @@ def steady_samples_per_second(result: TrainResult, job: Job) -> float | None:
 
 
 def replicates(backend: ModuleType, spec: Spec, job: Job, data: Dataset, out: Path | None, where: str,
-               fit: Callable[[int, Weights], tuple[Any, TrainResult]]) -> None:
+               fit: Callable[[int, Weights, TrainPlan], tuple[Any, TrainResult]]) -> None:
     """The measured null (params.yaml `replicates`): the same training from the init moved by one ulp
-    (rosetta_common.weights.perturbed), `replicates.count` times for each of `replicates.models`, each trained by
-    `fit(i, init)` (a single process, or every worker of a data-parallel run) and scored only. Into `out` (None: a
+    (rosetta_common.weights.perturbed) with each batch's rows in their own order (TrainPlan.replicate: the same
+    samples, masks and steps, other roundings every step), `replicates.count` times for each of
+    `replicates.models`, each trained by `fit(i, init, plan)` (a single process, or every worker of a
+    data-parallel run) and scored only. Into `out` (None: a
     data-parallel worker other than rank 0, which trains and writes nothing): replicates.json with each one's test
     figures and step losses; replicates.npz with its test predictions and BatchNorm running statistics, which
     the validator compares within and across frameworks."""
@@ -127,9 +129,9 @@ def replicates(backend: ModuleType, spec: Spec, job: Job, data: Dataset, out: Pa
         return
     runs, predictions, running = [], [], {}
     for i in range(1, count + 1):
-        backend.configure(spec.seed)  # as the run itself started: only the one ulp differs
+        backend.configure(spec.seed)  # as the run itself started: only the ulp and the rows' order differ
         init, moved = perturbed(job.init, i)
-        model, result = fit(i, init)
+        model, result = fit(i, init, job.plan.replicate(i))
         if out is None:
             continue
         check_training(result, job.plan, f"{where} replicate {i}")
@@ -138,7 +140,7 @@ def replicates(backend: ModuleType, spec: Spec, job: Job, data: Dataset, out: Pa
         for name, value in backend.to_canonical(model).items():
             if is_statistic(name):
                 running.setdefault(name, []).append(value)
-        runs.append({"replicate": i, "perturbation": moved,
+        runs.append({"replicate": i, "perturbation": f"{moved}; each batch's rows in the order of replicate {i}",
                      "test_accuracy": accuracy(logits, data.test_labels),
                      "test_loss": softmax_cross_entropy(logits, data.test_labels),
                      "step_losses": result.step_losses})

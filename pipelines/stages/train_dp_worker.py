@@ -60,12 +60,12 @@ def main(argv: list[str]) -> int:
                 run.mkdir(parents=True)
                 record_training(backend, job, model, result, job.data, run, where, workers=cluster.world,
                                 engine=result.engine)
-            # Its one-ulp replicates, each trained data-parallel by every worker (rank 0 records them): the null
+            # Its replicates, each trained data-parallel by every worker (rank 0 records them): the null
             # that judges this run against its single-process run once the two part, as for two frameworks.
             with clock.phase(f"{job.arch}.replicates"):
                 replicates(backend, spec, job, job.data, run, where,
-                           lambda _, init, job=job: backend.train_data_parallel(job.config, init, job.plan,
-                                                                                job.data, cluster))
+                           lambda _, init, plan, job=job: backend.train_data_parallel(job.config, init, plan,
+                                                                                      job.data, cluster))
             if run is None:
                 continue
             measurements.write(job.arch, f"{fw}-dp", {

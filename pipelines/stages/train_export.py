@@ -44,14 +44,14 @@ from rosetta_common.interface import TrainResult
 from rosetta_common.io import read_json, sha256, staged_outputs, write_json
 from rosetta_common.metrics import max_abs_diff
 from rosetta_common.spec import Spec
-from rosetta_common.training import StepHook
+from rosetta_common.training import StepHook, TrainPlan
 from rosetta_common.weights import Weights, perturbed
 
 
 class Checkpoints:
     """The run's state at each of tolerances.lockstep_checkpoints, for the validator's lockstep checks, taken
     by a StepHook from the training itself: its canonical weights (BatchNorm's running statistics among them) and
-    eval-mode logits of the validation batch, as checkpoints.npz. The same for each of `replicates.count` one-ulp
+    eval-mode logits of the validation batch, as checkpoints.npz. The same for each of `replicates.count`
     replicates (weights.perturbed), for every model, with their step losses through the lockstep window: the null
     of the lockstep checks, what the framework's own rounding does to the state in those steps
     ("replicate<i>/..."). A replicate that trains in full for the end-of-training null (replicates.models) gives
@@ -91,7 +91,8 @@ class Checkpoints:
                 continue
             self.backend.configure(self.spec.seed)  # as the run itself started
             model = rebuilt(self.backend, self.job, model, perturbed(self.job.init, replicate)[0])
-            self.ran(replicate, self.backend.train(model, self.job.plan.truncated(last), data, self.hook(replicate)))
+            plan = self.job.plan.replicate(replicate).truncated(last)  # as the whole replicate trains, to `last`
+            self.ran(replicate, self.backend.train(model, plan, data, self.hook(replicate)))
         arrays = {k: v for replicate in sorted(self.states) for k, v in self.states[replicate].items()}
         with open(out / paths.CHECKPOINTS_FILE, "wb") as f:
             np.savez(f, **arrays)
@@ -122,10 +123,10 @@ def train_replicates(backend: ModuleType, spec: Spec, job: Job, data: Dataset, o
     on the way)."""
     model = None
 
-    def fit(replicate: int, init: Weights) -> tuple[Any, TrainResult]:
+    def fit(replicate: int, init: Weights, plan: TrainPlan) -> tuple[Any, TrainResult]:
         nonlocal model
         model = rebuilt(backend, job, model, init)
-        result = backend.train(model, job.plan, data, checkpoints.hook(replicate))
+        result = backend.train(model, plan, data, checkpoints.hook(replicate))
         checkpoints.ran(replicate, result)
         return model, result
 

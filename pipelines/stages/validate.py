@@ -12,7 +12,7 @@ Checks, each with an explicit tolerance from params.yaml:
   step of the lockstep window; every weight, running statistic and eval logit at the lockstep checkpoints,
   pipelines/checks/lockstep.py), and at the end of training (test loss, test accuracy, prediction disagreement,
   and for a model with BatchNorm its running mean and variance) within the float32 bound, or once the runs part
-  against the measured null of each framework's one-ulp replicates (pipelines/checks/replicates.py, Holm over
+  against the measured null of each framework's replicates (pipelines/checks/replicates.py, Holm over
   the run); the step where they part, the first epoch's losses and the final weight difference as figures;
 - per model, per-layer taps (pipelines/checks/taps.py): every framework's init taps against the float64
   reference's (init_taps_vs_reference), taps pairwise and after training as figures, and every failing forward,

@@ -89,6 +89,13 @@ def test_dropout_masks_are_seeded_scaled_and_per_step():
     assert not np.array_equal(masks, other)
     assert not np.array_equal(masks[0], masks[1])
     assert dropout_masks(p.__class__(**{**p.__dict__, "arch": "lstm"}), config("lstm")) is None
+    # A replicate's batches hold their rows in another order: each sample keeps its mask.
+    r = p.replicate(3)
+    moved = dropout_masks(r, c)
+    for s, (idx, idx_r) in enumerate(zip(p.all_batches(), r.all_batches(), strict=True)):
+        where = {int(sample): j for j, sample in enumerate(idx)}
+        np.testing.assert_array_equal(moved[s], masks[s][[where[int(sample)] for sample in idx_r]])
+    assert not np.array_equal(moved, masks)
 
 
 def test_inference_mode_detector_catches_dropout_and_batch_statistics():

@@ -1,5 +1,6 @@
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from rosetta_common.spec import ARCHITECTURES, Spec, SpecError, load_spec, parse_spec
@@ -134,6 +135,21 @@ def test_a_truncated_plan_is_the_first_steps_of_the_run():
         assert (part.all_batches() == full.all_batches()[:steps]).all()
     with pytest.raises(SpecError, match=r"step 32: must be within the first epoch, 1\.\.31"):
         full.truncated(32)
+
+
+def test_a_replicates_plan_reorders_only_the_rows_of_each_batch():
+    # Replicate i trains on the same samples in the same steps, each batch's rows in an order of its own (other
+    # summation orders, so other roundings every step); a truncated replicate passes through its whole run's.
+    full = plan(Spec(), "resnet", 1000)
+    first, again, second = full.replicate(1), full.replicate(1), full.replicate(2)
+    base, one = full.all_batches(), first.all_batches()
+    assert one.shape == base.shape and (np.sort(one, axis=1) == np.sort(base, axis=1)).all()
+    assert (one != base).any(axis=1).all()  # every step reordered (32! orders: an identity is not drawn)
+    assert (one == again.all_batches()).all() and not (one == second.all_batches()).all()
+    assert (one[:10] == first.truncated(10).all_batches()).all()
+    assert first.truncated(10).row_order == 1 and (full.row_permutations() == np.arange(32)).all()
+    with pytest.raises(ValueError, match="replicates are numbered from 1"):
+        full.replicate(0)
 
 
 @pytest.mark.parametrize("steps", [[10, 1], [1, 1], [1, 21]])

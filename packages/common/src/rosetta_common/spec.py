@@ -319,7 +319,7 @@ class TolerancesSpec(_Section):
     # Each tensor's max |a - b| over its largest magnitude; the logits' over the largest |logit|.
     lockstep_state_rel: PositiveFloat = 1e-5
     # After two runs part, an end-of-training figure that misses its strict bound below is judged against the
-    # measured null: the same figure between each framework's run and its own one-ulp replicates (see
+    # measured null: the same figure between each framework's run and its own replicates (see
     # ReplicatesSpec). It fails when the cross-framework values are larger than the within-framework ones by an
     # exact one-sided permutation test at this level, Holm-corrected over every such test of the run.
     null_alpha: Annotated[float, Field(gt=0, lt=1)] = 0.05
@@ -349,9 +349,10 @@ class TolerancesSpec(_Section):
 
 class ReplicatesSpec(_Section):
     """The measured null of chaotic training: each train_export run also trains `count` replicates of every model
-    (train and score only, no export), replicate i from the shared init with one weight moved by one ulp
-    (rosetta_common.weights.perturbed: the same weight in every framework). Where two frameworks' runs part, what
-    separates a framework from its own replicates is what rounding alone does to that model."""
+    (train and score only, no export), replicate i from the shared init with every nonzero weight moved by one
+    ulp (rosetta_common.weights.perturbed) and each batch's rows in an order of its own (TrainPlan.replicate):
+    replicate i is the same experiment in every framework. Where two frameworks' runs part, what separates a
+    framework from its own replicates is what rounding alone does to that model."""
 
     count: Annotated[int, Field(ge=0, le=50)] = 5
     # The models that train them: those whose runs part and whose end-of-training figures then miss their float32

@@ -31,6 +31,10 @@ class TrainPlan:
     # Only the first `first_steps` steps of the first epoch (a lockstep checkpoint: the run's state after that
     # step, the same batches and dropout masks); None: the whole plan.
     first_steps: int | None = None
+    # 0: each batch's rows in the plan's order. i >= 1 (replicate i of the measured null): every step's batch
+    # holds the same samples with the same dropout masks, its rows in an order drawn from (seed, i): the same
+    # arithmetic summed in other orders, so other roundings at every step, as another framework's kernels give.
+    row_order: int = 0
 
     @property
     def optimizer_name(self) -> str:
@@ -50,8 +54,29 @@ class TrainPlan:
         return self.epochs * self.steps_per_epoch
 
     def batches(self, epoch: int) -> list[np.ndarray]:
-        """Index batches of one epoch (rosetta_common.data.epoch_batches): the same in every framework."""
-        return epoch_batches(self.num_samples, self.batch_size, self.seed, epoch)[:self.steps_per_epoch]
+        """Index batches of one epoch (rosetta_common.data.epoch_batches): the same in every framework; with a
+        row_order, each batch's rows in that order (row_permutations)."""
+        batches = epoch_batches(self.num_samples, self.batch_size, self.seed, epoch)[:self.steps_per_epoch]
+        if not self.row_order:
+            return batches
+        first = epoch * self.steps_per_epoch
+        orders = self.row_permutations()[first:first + len(batches)]
+        return [idx[order] for idx, order in zip(batches, orders, strict=True)]
+
+    def row_permutations(self) -> np.ndarray:
+        """(num_steps, batch_size): step s's batch takes its rows in the order row_permutations()[s] (the identity
+        for row_order 0). A truncated plan's are the first steps' of its whole plan's (one generator, drawn
+        step after step), so a replicate's lockstep checkpoints are the states its whole run passes through."""
+        if not self.row_order:
+            return np.tile(np.arange(self.batch_size), (self.num_steps, 1))
+        rng = np.random.default_rng(derive_seed(self.seed, "rows", str(self.row_order)))
+        return np.argsort(rng.random((self.num_steps, self.batch_size)), axis=1, kind="stable")
+
+    def replicate(self, replicate: int) -> TrainPlan:
+        """This plan for replicate `replicate` of the measured null (1, 2, ...): its rows in their own order."""
+        if replicate < 1:
+            raise ValueError(f"replicate {replicate}: replicates are numbered from 1")
+        return replace(self, row_order=replicate)
 
     def truncated(self, steps: int) -> TrainPlan:
         """This plan's first `steps` steps (all within the first epoch): every package's loop, run on it, ends in
@@ -112,11 +137,15 @@ def dropout_masks(plan: TrainPlan, config: ModelConfig) -> np.ndarray | None:
     Each framework's dropout op draws its mask from its own generator (torch's, TF's, JAX's threefry), so
     three frameworks can never drop the same units; drawn here from the seed, and multiplied in by each
     framework, they do, and training parity stays exact. Row s of the result is step s's mask; step s's
-    batch sample j uses row [s, j] (data-parallel workers take their slice of it)."""
+    batch sample j uses row [s, j] (data-parallel workers take their slice of it). A plan with a row_order
+    reorders each step's rows as it reorders the batch's (TrainPlan.row_permutations): each sample keeps its mask."""
     features = dropout_features(config)
     if features is None:
         return None
     rate = float(config.settings.dropout)
     rng = np.random.default_rng(derive_seed(plan.seed, "dropout", plan.arch))
     keep = rng.random((plan.num_steps, plan.batch_size, features)) >= rate
-    return np.where(keep, np.float32(1.0 / (1.0 - rate)), np.float32(0.0)).astype(np.float32)
+    masks = np.where(keep, np.float32(1.0 / (1.0 - rate)), np.float32(0.0)).astype(np.float32)
+    if plan.row_order:
+        masks = np.take_along_axis(masks, plan.row_permutations()[:, :, None], axis=1)
+    return masks

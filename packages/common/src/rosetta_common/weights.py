@@ -237,15 +237,16 @@ def check_weights(weights: Mapping[str, np.ndarray], config: ModelConfig, source
 
 def perturbed(weights: Mapping[str, np.ndarray], replicate: int) -> tuple[Weights, str]:
     """Replicate `replicate` (1, 2, ...) of an init: a copy with every nonzero trainable weight moved by one ulp
-    (np.nextafter), up or down by a sign drawn from a generator seeded with `replicate`, and a description. The
-    same weights in every framework, so replicate i is one run of the same experiment in each; batches, dropout
-    masks and everything else are unchanged. Every weight rather than one: one ulp in one place (one weight of
-    conv1) left TF's and JAX's cnn in lockstep with their own runs for 88 steps, where their runs parted from each
-    other's at step 37, so a single-weight replicate does not show what rounding does in every op. Exact zeros
-    (zero-initialised biases) stay: their one-ulp neighbours are denormals (1.4e-45), which TF and XLA flush to
-    zero and torch keeps, so moving them made another experiment in each framework: torch's cnn replicates parted
-    from its run at steps 3 to 5 (a ReLU at a zero pre-activation opened), TF's and JAX's not before step 73;
-    with the zeros kept torch's parted at steps 36 and 270, JAX's at 73 as before (digits, replicates 1 and 2)."""
+    (np.nextafter), up or down by a sign drawn from a generator seeded with `replicate`, and a description. The same
+    weights in every framework, so replicate i is one run of the same experiment in each (its batches hold the same
+    samples and dropout masks, rows reordered: rosetta_common.training.TrainPlan.replicate). Every weight rather
+    than one: one ulp in one place (one weight of conv1) left TF's and JAX's cnn in lockstep with their own runs for
+    88 steps, where their runs parted from each other's at step 37, so a single-weight replicate does not show what
+    rounding does in every op. Exact zeros (zero-initialised biases) stay: their one-ulp neighbours are denormals
+    (1.4e-45), which TF and XLA flush to zero and torch keeps, so moving them made another experiment in each
+    framework: torch's cnn replicates parted from its run at steps 3 to 5 (a ReLU at a zero pre-activation opened),
+    TF's and JAX's not before step 73; with the zeros kept torch's parted at steps 36 and 270, JAX's at 73 as before
+    (digits, replicates 1 and 2)."""
     if replicate < 1:
         raise ValueError(f"replicate {replicate}: replicates are numbered from 1")
     rng = np.random.default_rng(replicate)
