@@ -51,8 +51,9 @@ TINY = {
     "quality": {"min_test_accuracy": {"mlp": 0.5, "cnn": 0.5, "attention": 0.3, "resnet": 0.3, "lstm": 0.3,
                                       "gru": 0.3, "text_transformer": 0.5}},
     "export": {"validation_batch_size": 16, "parity_batch_sizes": [1, 7, 1024]},
-    # count as params.yaml: with 5 the null's smallest p-value is 1/C(16, 6), room for Holm over the two dozen
-    # nulls a planted mistake's round makes (with 3, 1/210: a mistake's null could not reject past a family of 10).
+    # count half params.yaml's 10, for time: with 5 the null's smallest p-value is 1/C(16, 6), room for Holm over
+    # the two dozen nulls a planted mistake's round makes (with 3, 1/210: a mistake's null could not reject past a
+    # family of 10).
     # models: three of params.yaml's seven (the null judges those three here, for less time); the others keep
     # the strict end-of-training bounds, which test_planted_porting_bugs' learning-rate plant in mlp meets.
     "replicates": {"count": 5, "models": ["cnn", "resnet", "text_transformer"]},

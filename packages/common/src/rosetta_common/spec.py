@@ -354,7 +354,7 @@ class ReplicatesSpec(_Section):
     replicate i is the same experiment in every framework. Where two frameworks' runs part, what separates a
     framework from its own replicates is what rounding alone does to that model."""
 
-    count: Annotated[int, Field(ge=0, le=50)] = 5
+    count: Annotated[int, Field(ge=0, le=50)] = 10
     # The models that train them: those whose runs part and whose end-of-training figures then miss their float32
     # bounds (measured, README "What the validate stage checks"). Any other model that parts and misses a bound
     # fails, naming this list: the list can only be too short to pass, never make a check pass.
