@@ -114,6 +114,14 @@ def steady_samples_per_second(result: TrainResult, job: Job) -> float | None:
     return job.plan.steps_per_epoch * job.plan.batch_size / statistics.median(steady) if steady else None
 
 
+def replicate_start(job: Job, replicate: int) -> tuple[Weights, TrainPlan, str]:
+    """What replicate `replicate` (1, 2, ...) of a job is, in one place: its init moved by one ulp
+    (rosetta_common.weights.perturbed), its plan with each batch's rows in their own order (TrainPlan.replicate),
+    and a description of both."""
+    init, moved = perturbed(job.init, replicate)
+    return init, job.plan.replicate(replicate), f"{moved}; each batch's rows in the order of replicate {replicate}"
+
+
 def replicates(backend: ModuleType, spec: Spec, job: Job, data: Dataset, out: Path | None, where: str,
                fit: Callable[[int, Weights, TrainPlan], tuple[Any, TrainResult]]) -> None:
     """The measured null (params.yaml `replicates`): the same training from the init moved by one ulp
@@ -130,8 +138,8 @@ def replicates(backend: ModuleType, spec: Spec, job: Job, data: Dataset, out: Pa
     runs, predictions, running = [], [], {}
     for i in range(1, count + 1):
         backend.configure(spec.seed)  # as the run itself started: only the ulp and the rows' order differ
-        init, moved = perturbed(job.init, i)
-        model, result = fit(i, init, job.plan.replicate(i))
+        init, train_plan, moved = replicate_start(job, i)
+        model, result = fit(i, init, train_plan)
         if out is None:
             continue
         check_training(result, job.plan, f"{where} replicate {i}")
@@ -140,7 +148,7 @@ def replicates(backend: ModuleType, spec: Spec, job: Job, data: Dataset, out: Pa
         for name, value in backend.to_canonical(model).items():
             if is_statistic(name):
                 running.setdefault(name, []).append(value)
-        runs.append({"replicate": i, "perturbation": f"{moved}; each batch's rows in the order of replicate {i}",
+        runs.append({"replicate": i, "perturbation": moved,
                      "test_accuracy": accuracy(logits, data.test_labels),
                      "test_loss": softmax_cross_entropy(logits, data.test_labels),
                      "step_losses": result.step_losses})

@@ -34,6 +34,7 @@ from pipelines.stages.common import (
     Job,
     load_jobs,
     record_training,
+    replicate_start,
     replicates,
     seeded_backend,
     steady_samples_per_second,
@@ -45,14 +46,14 @@ from rosetta_common.io import read_json, sha256, staged_outputs, write_json
 from rosetta_common.metrics import max_abs_diff
 from rosetta_common.spec import Spec
 from rosetta_common.training import StepHook, TrainPlan
-from rosetta_common.weights import Weights, perturbed
+from rosetta_common.weights import Weights
 
 
 class Checkpoints:
     """The run's state at each of tolerances.lockstep_checkpoints, for the validator's lockstep checks, taken
     by a StepHook from the training itself: its canonical weights (BatchNorm's running statistics among them) and
     eval-mode logits of the validation batch, as checkpoints.npz. The same for each of `replicates.count`
-    replicates (weights.perturbed), for every model, with their step losses through the lockstep window: the null
+    replicates (replicate_start), for every model, with their step losses through the lockstep window: the null
     of the lockstep checks, what the framework's own rounding does to the state in those steps
     ("replicate<i>/..."). A replicate that trains in full for the end-of-training null (replicates.models) gives
     its checkpoints on the way; the others train only through the last checkpoint or the window."""
@@ -90,9 +91,10 @@ class Checkpoints:
             if replicate in self.states:
                 continue
             self.backend.configure(self.spec.seed)  # as the run itself started
-            model = rebuilt(self.backend, self.job, model, perturbed(self.job.init, replicate)[0])
-            plan = self.job.plan.replicate(replicate).truncated(last)  # as the whole replicate trains, to `last`
-            self.ran(replicate, self.backend.train(model, plan, data, self.hook(replicate)))
+            init, plan, _ = replicate_start(self.job, replicate)
+            model = rebuilt(self.backend, self.job, model, init)
+            # As the whole replicate trains, to `last`.
+            self.ran(replicate, self.backend.train(model, plan.truncated(last), data, self.hook(replicate)))
         arrays = {k: v for replicate in sorted(self.states) for k, v in self.states[replicate].items()}
         with open(out / paths.CHECKPOINTS_FILE, "wb") as f:
             np.savez(f, **arrays)
