@@ -131,3 +131,51 @@ def test_a_dropout_mask_for_a_model_without_dropout_is_a_one_line_error() -> Non
     with pytest.raises(ValueError) as raised:
         rosetta_jax.forward_train(model, images, np.ones((4, 6), np.float32))
     assert "\n" not in str(raised.value) and "dropout_mask" in str(raised.value)
+
+
+# The closed-form LayerNorm gradient (models.layer_norm) against float64: a row of n = 64 features sums n products
+# twice, so float32 rounding leaves about n * 2**-24 ~ 4e-6 of the largest gradient; 1e-5 of it is the bound, stated
+# before the run. A backward missing one of its terms (the mean of g, or x_hat's) is off by O(1) of it.
+LAYER_NORM_GRAD_REL = 1e-5
+
+
+def _layer_norm_case() -> tuple[models.LayerNorm, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(7)
+    norm = models.LayerNorm(64, epsilon=1e-5, rngs=nnx.Rngs(0))
+    norm.scale[...] = rng.standard_normal(64).astype(np.float32)
+    norm.bias[...] = rng.standard_normal(64).astype(np.float32)
+    x = (rng.standard_normal((4, 7, 64)) * 3 + 1).astype(np.float32)
+    return norm, x, rng.standard_normal((4, 7, 64)).astype(np.float32)
+
+
+def test_layer_norm_trains_on_flax_forward_bits_with_the_float64_gradient() -> None:
+    import jax
+
+    norm, x, upstream = _layer_norm_case()
+    trained = nnx.view(norm, closed_form_grad=True, raise_if_not_found=False)
+    assert type(models.training_view(norm)) is models.LayerNorm
+    assert models.training_view(norm).closed_form_grad and not norm.closed_form_grad
+
+    def grads(module: models.LayerNorm) -> tuple[np.ndarray, ...]:
+        graphdef, params = nnx.split(module)
+
+        def loss(p: nnx.State, inputs: jax.Array) -> tuple[jax.Array, jax.Array]:
+            y = nnx.merge(graphdef, p)(inputs)
+            return (y * upstream).sum(), y
+
+        (_, y), (dp, dx) = jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))(params, x)
+        return tuple(np.asarray(a, np.float64) for a in (y, dx, dp["scale"][...], dp["bias"][...]))
+
+    flax_y, *_ = grads(norm)
+    y, dx, dscale, dbias = grads(trained)
+    assert np.array_equal(y, flax_y), "the training forward must be Flax's nnx.LayerNorm, bit for bit"
+
+    x64, g = x.astype(np.float64), upstream.astype(np.float64)
+    scale = np.asarray(norm.scale[...], np.float64)
+    centered = x64 - x64.mean(-1, keepdims=True)
+    rstd = 1 / np.sqrt((centered**2).mean(-1, keepdims=True) + 1e-5)
+    x_hat, gs = centered * rstd, g * scale
+    want_dx = rstd * (gs - gs.mean(-1, keepdims=True) - x_hat * (gs * x_hat).mean(-1, keepdims=True))
+    for name, got, want in (("x", dx, want_dx), ("scale", dscale, (g * x_hat).sum((0, 1))),
+                            ("bias", dbias, g.sum((0, 1)))):
+        assert max_abs_diff(got, want) <= LAYER_NORM_GRAD_REL * np.abs(want).max(), name

@@ -8,7 +8,9 @@ The text model's conventions are in TextTransformer's docstring, after the image
 
 Defaults that differ from the spec and are overridden here on purpose:
 - nnx.LayerNorm: epsilon 1e-6 and a one-pass "fast" variance by default; the spec is eps 1e-5 and the
-  biased two-pass variance (torch's), so epsilon comes from the spec and use_fast_variance=False.
+  biased two-pass variance (torch's), so epsilon comes from the spec and use_fast_variance=False. In training
+  (training_view) its gradient is the closed form torch's and Keras' kernels compute (LayerNorm below), not
+  autodiff's trace of the two passes: the same forward, bit for bit, at Flax's one-pass speed.
 - nnx.gelu: the tanh approximation by default; the spec is exact (erf) GELU, so approximate=False.
 - nnx.BatchNorm: momentum 0.99 and a one-pass "fast" variance by default. Its momentum means what the spec's
   does (the weight of the old running average: running = m * running + (1 - m) * batch), so the spec's
@@ -39,6 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from flax.nnx.nn import normalization as nnx_normalization
 
 from rosetta_common.inputs import PAD_ID
 from rosetta_common.spec import ModelConfig
@@ -102,6 +105,63 @@ class SelfAttention(nnx.Module):
         return jax.nn.softmax(scores, axis=-1)
 
 
+@partial(jax.custom_vjp, nondiff_argnums=(3,))
+def layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array, epsilon: float) -> jax.Array:
+    """nnx.LayerNorm(use_fast_variance=False)'s forward over the last axis, by Flax's own functions (the same
+    bits), with the closed-form gradient below."""
+    return _layer_norm_forward(x, scale, bias, epsilon)[0]
+
+
+def _layer_norm_forward(x: jax.Array, scale: jax.Array, bias: jax.Array, epsilon: float
+                        ) -> tuple[jax.Array, tuple[jax.Array, jax.Array, jax.Array]]:
+    mean, var = nnx_normalization._compute_stats(x, (-1,), None, use_fast_variance=False)
+    y = nnx_normalization._normalize(x, mean, var, scale, bias, (-1,), (-1,), None, epsilon)
+    rstd = jax.lax.rsqrt(var + epsilon)[..., None]
+    return y, ((x - mean[..., None]) * rstd, rstd, scale)
+
+
+def _layer_norm_backward(epsilon: float, saved: tuple[jax.Array, jax.Array, jax.Array], grad: jax.Array
+                         ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    # dx = rstd (g' - mean(g') - x_hat mean(g' x_hat)) with g' = grad * scale: one pass over the row for the two
+    # means, where autodiff of the two-pass variance replays both passes backwards (1.2-1.3x the step's time of
+    # Flax's one-pass LayerNorm on the attention model, benchmarks/README.md).
+    x_hat, rstd, scale = saved
+    batch_axes = tuple(range(grad.ndim - 1))
+    g = grad * scale
+    dx = rstd * (g - g.mean(-1, keepdims=True) - x_hat * (g * x_hat).mean(-1, keepdims=True))
+    return dx, (grad * x_hat).sum(batch_axes), grad.sum(batch_axes)
+
+
+layer_norm.defvjp(lambda x, scale, bias, epsilon: _layer_norm_forward(x, scale, bias, epsilon),
+                  _layer_norm_backward)
+
+
+class LayerNorm(nnx.LayerNorm):
+    """nnx.LayerNorm over the last axis with the spec's two-pass variance; in a training view (closed_form_grad)
+    its forward is layer_norm's, the same bits with the closed-form gradient. Elsewhere it is Flax's own call,
+    which jax2onnx's nnx.LayerNorm plugin exports."""
+
+    def __init__(self, num_features: int, *, epsilon: float, rngs: nnx.Rngs) -> None:
+        super().__init__(num_features, epsilon=epsilon, use_fast_variance=False, rngs=rngs)
+        self.closed_form_grad = False
+
+    def set_view(self, closed_form_grad: bool | None = None) -> None:
+        """nnx.view's hook (training_view sets closed_form_grad=True).
+
+        Args:
+          closed_form_grad: if True, the forward is layer_norm's, whose gradient is the closed form.
+        """
+        if closed_form_grad is not None:
+            self.closed_form_grad = closed_form_grad
+
+    def __call__(self, x: jax.Array, *, mask: jax.Array | None = None) -> jax.Array:
+        if mask is not None:
+            return super().__call__(x, mask=mask)
+        if not self.closed_form_grad:
+            return super().__call__(x)  # (x) alone: jax2onnx's patched call takes no mask
+        return layer_norm(x, self.scale[...], self.bias[...], self.epsilon)
+
+
 class MLPBlock(nnx.Module):
     def __init__(self, embed_dim: int, mlp_dim: int, *, rngs: nnx.Rngs) -> None:
         self.fc1 = nnx.Linear(embed_dim, mlp_dim, rngs=rngs)
@@ -115,9 +175,9 @@ class EncoderBlock(nnx.Module):
     """One pre-norm Transformer encoder block."""
 
     def __init__(self, embed_dim: int, num_heads: int, mlp_dim: int, eps: float, *, rngs: nnx.Rngs) -> None:
-        self.norm1 = nnx.LayerNorm(embed_dim, epsilon=eps, use_fast_variance=False, rngs=rngs)
+        self.norm1 = LayerNorm(embed_dim, epsilon=eps, rngs=rngs)
         self.attn = SelfAttention(embed_dim, num_heads, rngs=rngs)
-        self.norm2 = nnx.LayerNorm(embed_dim, epsilon=eps, use_fast_variance=False, rngs=rngs)
+        self.norm2 = LayerNorm(embed_dim, epsilon=eps, rngs=rngs)
         self.mlp = MLPBlock(embed_dim, mlp_dim, rngs=rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -133,7 +193,7 @@ class AttentionClassifier(nnx.Module):
         self.embed = nnx.Linear(width, embed_dim, rngs=rngs)
         self.pos_embedding = nnx.Param(jnp.zeros((height, embed_dim), jnp.float32))
         self.block = EncoderBlock(embed_dim, num_heads, mlp_dim, eps, rngs=rngs)
-        self.final_norm = nnx.LayerNorm(embed_dim, epsilon=eps, use_fast_variance=False, rngs=rngs)
+        self.final_norm = LayerNorm(embed_dim, epsilon=eps, rngs=rngs)
         self.head = nnx.Linear(embed_dim, num_classes, rngs=rngs)
 
     def __call__(self, images: jax.Array) -> jax.Array:
@@ -278,10 +338,10 @@ class TextEncoderBlock(nnx.Module):
     projections, no dropout, no decoding cache) between LayerNorms, the MLP as the attention model's."""
 
     def __init__(self, embed_dim: int, num_heads: int, mlp_dim: int, eps: float, *, rngs: nnx.Rngs) -> None:
-        self.norm1 = nnx.LayerNorm(embed_dim, epsilon=eps, use_fast_variance=False, rngs=rngs)
+        self.norm1 = LayerNorm(embed_dim, epsilon=eps, rngs=rngs)
         self.attn = nnx.MultiHeadAttention(num_heads, embed_dim, qkv_features=embed_dim, out_features=embed_dim,
                                            use_bias=True, decode=False, deterministic=True, rngs=rngs)
-        self.norm2 = nnx.LayerNorm(embed_dim, epsilon=eps, use_fast_variance=False, rngs=rngs)
+        self.norm2 = LayerNorm(embed_dim, epsilon=eps, rngs=rngs)
         self.mlp = MLPBlock(embed_dim, mlp_dim, rngs=rngs)
 
     def __call__(self, x: jax.Array, mask: jax.Array, sow_weights: bool = False) -> jax.Array:
@@ -301,7 +361,7 @@ class TextTransformer(nnx.Module):
         self.embed = nnx.Embed(vocab_size, embed_dim, rngs=rngs)
         self.pos_embedding = nnx.Param(jnp.zeros((max_length, embed_dim), jnp.float32))
         self.block = TextEncoderBlock(embed_dim, num_heads, mlp_dim, eps, rngs=rngs)
-        self.final_norm = nnx.LayerNorm(embed_dim, epsilon=eps, use_fast_variance=False, rngs=rngs)
+        self.final_norm = LayerNorm(embed_dim, epsilon=eps, rngs=rngs)
         self.head = nnx.Linear(embed_dim, num_classes, rngs=rngs)
         # The mask and pooling functions as static attributes (as nnx.MultiHeadAttention keeps its attention_fn):
         # part of the graphdef, so a model built while one is planted differently compiles anew instead of
@@ -396,7 +456,7 @@ def training_view(model: Model) -> Model:
     """The model in training mode, sharing its variables: BatchNorm on batch statistics (updating its running
     ones). nnx.Dropout stays deterministic: a training step applies the shared mask itself (ResNet.__call__),
     and no mask means no dropout, as the contract says. `model` itself stays in inference mode."""
-    return nnx.view(model, use_running_average=False, raise_if_not_found=False)
+    return nnx.view(model, use_running_average=False, closed_form_grad=True, raise_if_not_found=False)
 
 
 def apply(model: Model, images: jax.Array, dropout_mask: jax.Array | None) -> jax.Array:
