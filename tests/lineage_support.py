@@ -44,24 +44,38 @@ def differences(before: dict[str, str], after: dict[str, str]) -> list[str]:
             for key in sorted(before.keys() | after.keys()) if before.get(key) != after.get(key)]
 
 
-def changed_files(old_root: Path, new_root: Path, before: dict[str, str], after: dict[str, str]) -> list[str]:
-    """For each output folder whose hash differs, the files inside it that differ, read from the two DVC caches'
-    .dir manifests (which file changed is what tells a nondeterministic stage apart from a stale expectation)."""
+def manifest(root: Path, md5: str) -> dict[str, str]:
+    """relpath -> md5 of every file of an output folder, from the .dir manifest in root's DVC cache ({} if absent)."""
+    path = root / ".dvc/cache/files/md5" / md5[:2] / md5[2:]
+    try:
+        return {entry["relpath"]: entry["md5"] for entry in json.loads(path.read_text())}
+    except (OSError, ValueError):
+        return {}
 
-    def manifest(root: Path, md5: str) -> dict[str, str]:
-        path = root / ".dvc/cache/files/md5" / md5[:2] / md5[2:]
-        try:
-            return {entry["relpath"]: entry["md5"] for entry in json.loads(path.read_text())}
-        except (OSError, ValueError):
-            return {}
 
+def subset_differences(full_root: Path, part_root: Path, full: dict[str, str], part: dict[str, str],
+                       models: list[str]) -> list[str]:
+    """A run of some of the models (`part`, its lock hashes) against a finished run of all of them (`full`), output
+    by output, file by file from the two caches' manifests: every file the part run wrote must be the full run's,
+    byte for byte, and every file of its `models` (a folder or a file named for the model) must be there. Outputs
+    that are one file must be equal."""
     lines = []
-    for key in sorted(before.keys() & after.keys()):
-        old, new = before[key], after[key]
-        if old != new and old.endswith(".dir") and new.endswith(".dir"):
-            a, b = manifest(old_root, old), manifest(new_root, new)
-            files = [rel for rel in sorted(a.keys() | b.keys()) if a.get(rel) != b.get(rel)]
-            lines.append(f"{key}: files that differ: {', '.join(files[:20]) or '(manifests not in the caches)'}")
+    for key in sorted(full.keys() | part.keys()):
+        old, new = full.get(key, "absent"), part.get(key, "absent")
+        if old == new:
+            continue
+        if not (old.endswith(".dir") and new.endswith(".dir")):
+            lines.append(f"{key}: {old} -> {new}")
+            continue
+        a, b = manifest(full_root, old), manifest(part_root, new)
+        if not a or not b:
+            lines.append(f"{key}: {old} -> {new} (manifests not in the caches)")
+            continue
+        differ = [rel for rel in sorted(b) if a.get(rel) != b[rel]]
+        missing = [rel for rel in sorted(a) if rel not in b and rel.split("/")[0].split(".")[0] in models]
+        if differ or missing:
+            lines.append(f"{key}: files that differ from the full run: {', '.join(differ[:20]) or '-'}; "
+                         f"files of {', '.join(models)} missing: {', '.join(missing[:20]) or '-'}")
     return lines
 
 
