@@ -98,7 +98,8 @@ def test_killed_repro_resumes_to_the_same_hashes(tiny_pipeline: TinyRun, tmp_pat
     params = yaml.safe_load((root / "params.yaml").read_text())
     assert params["models"][:2] == KILLED_MODELS and set(params["replicates"]["models"]) & set(KILLED_MODELS)
     params["models"] = KILLED_MODELS
-    params["replicates"]["models"] = [m for m in params["replicates"]["models"] if m in KILLED_MODELS]
+    for section in ("replicates", "data_parallel"):  # each names a subset of `models`
+        params[section]["models"] = [m for m in params[section]["models"] if m in KILLED_MODELS]
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     sh([*GIT, "commit", "-qam", f"train {', '.join(KILLED_MODELS)} only"], root, env)
     events, recoveries = [], []
