@@ -25,7 +25,7 @@ from rosetta_common.spec import SpecError, parse_spec
 from support import TINY, TinyRun, copy_repo, merge
 
 FRAMEWORKS = ["torch", "tf", "jax"]
-DP_MODELS = ["mlp", "cnn", "attention"]
+DP_MODELS = TINY["data_parallel"]["models"]
 KILL_DEADLINE = 60.0  # seconds from the kill to the stage's exit, as the issue asks
 
 
