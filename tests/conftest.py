@@ -19,3 +19,11 @@ def tiny_pipeline(tmp_path_factory: pytest.TempPathFactory) -> TinyRun:
     `dvc repro`, or `dvc checkout` after damaging outputs, as test_pipeline_e2e.py does); tests that damage many
     artifacts work on their own copy (see test_validate_failures.py)."""
     return run_tiny_pipeline(tmp_path_factory.mktemp("rosetta") / "repo")
+
+
+@pytest.fixture(scope="session")
+def planted_runs() -> dict:
+    """Validate runs of planted copies of the tiny run, by the round's plant ids: test_planted_porting_bugs.py
+    judges two mistakes that test_taps_localize.py plants alike (the same edit), on the round that file makes
+    (minutes of retraining each, made by whichever test needs it first)."""
+    return {}

@@ -285,6 +285,18 @@ def test_build_line_uses_the_recipe_and_a_context_of_its_own(tmp_path):
     assert argv[-1] == str(tmp_path)
 
 
+def test_a_build_keeps_only_an_image_of_the_current_lock_recipe_and_base(monkeypatch):
+    current = {"rosetta.lock.sha256": lock_sha256(lock_path("tf", "cpu")),
+               "rosetta.recipe.sha256": lock_sha256(images.RECIPE),
+               "org.opencontainers.image.base.name": images.BASE}
+    for labels, base, kept in [(current, None, True), (current, images.BASE, True),
+                               (current, "python:3.11-slim-bookworm", False),
+                               ({**current, "rosetta.lock.sha256": "0" * 64}, None, False),
+                               ({**current, "rosetta.recipe.sha256": "0" * 64}, None, False), (None, None, False)]:
+        monkeypatch.setattr(images, "image_labels", lambda engine, image, labels=labels: labels)
+        assert images.is_current(Engine("docker"), "tf", "cpu", base) is kept, (labels, base)
+
+
 # ---------------------------------------------------------------- errors, without an engine
 
 
@@ -349,7 +361,8 @@ def engine() -> Engine:
 
 @pytest.fixture(scope="module")
 def built_images(engine) -> dict[str, float]:
-    """Build (or confirm, from the layer cache) the four CPU images with the documented command."""
+    """Build (or keep, where current: tooling.images.is_current) the four CPU images with the documented
+    command."""
     try:
         images.make_base(engine)
     except (SystemExit, subprocess.CalledProcessError) as exc:  # no debootstrap, not root, no Debian mirror

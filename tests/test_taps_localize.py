@@ -117,9 +117,11 @@ MUST_FAIL = (names.INIT_TAPS_VS_REFERENCE, names.INIT_ONNX_VS_REFERENCE, names.F
 @dataclass(frozen=True)
 class Validated:
     returncode: int
-    output: str
+    output: str  # the exit status, stdout's end and the whole of stderr (every FAILED line)
     rows: list[dict[str, Any]]
+    parity: list[dict[str, Any]]  # validation.json's training_parity figures
     taps: dict[str, dict[str, Any]]  # validation.json's "taps", by model
+    root: Path
 
 
 def validate_round(tiny: TinyRun, root: Path, plants: list[Plant]) -> Validated:
@@ -143,23 +145,27 @@ def validate_round(tiny: TinyRun, root: Path, plants: list[Plant]) -> Validated:
             *models], root, tiny.env)
     result = sh(VALIDATE, root, tiny.env, check=False)
     report = json.loads((root / "reports/validation.json").read_text())
-    output = f"exit {result.returncode}\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
-    return Validated(result.returncode, output, report["checks"], {t["model"]: t for t in report["taps"]})
+    output = f"exit {result.returncode}\n{result.stdout[-2000:]}\n{result.stderr}"
+    return Validated(result.returncode, output, report["checks"], report["training_parity"],
+                     {t["model"]: t for t in report["taps"]}, root)
+
+
+def round_run(tiny: TinyRun, tmp_path_factory: pytest.TempPathFactory, planted_runs: dict, plant_id: str
+              ) -> Validated:
+    """The validate run of the round that holds `plant_id`, made on first use (conftest's planted_runs: also
+    test_planted_porting_bugs.py's, for the mistakes both files plant)."""
+    index = ROUND_OF[plant_id]
+    key = tuple(ROUNDS[index])
+    if key not in planted_runs:
+        root = tmp_path_factory.mktemp(f"taps_round{index}") / "repo"
+        planted_runs[key] = validate_round(tiny, root, [BY_ID[i] for i in key])
+    return planted_runs[key]
 
 
 @pytest.fixture(scope="module")
-def validated(tiny_pipeline: TinyRun, tmp_path_factory: pytest.TempPathFactory) -> Any:
+def validated(tiny_pipeline: TinyRun, tmp_path_factory: pytest.TempPathFactory, planted_runs: dict) -> Any:
     """Each round's validate run, made on first use and shared by the round's plants."""
-    done: dict[int, Validated] = {}
-
-    def get(plant: Plant) -> Validated:
-        index = ROUND_OF[plant.id]
-        if index not in done:
-            root = tmp_path_factory.mktemp(f"taps_round{index}") / "repo"
-            done[index] = validate_round(tiny_pipeline, root, [BY_ID[i] for i in ROUNDS[index]])
-        return done[index]
-
-    return get
+    return lambda plant: round_run(tiny_pipeline, tmp_path_factory, planted_runs, plant.id)
 
 
 @pytest.mark.parametrize("plant", PLANTS, ids=lambda p: p.id)

@@ -260,21 +260,24 @@ def image_size(engine: Engine, image: str) -> int:
     return int(out.stdout.strip() or 0)
 
 
-def is_current(engine: Engine, env: str, variant: str) -> bool:
-    """Whether env's image exists and was built from the current lock and recipe (its labels say so). --clean
-    builds skip such images: with their install stage removed, the layer cache could not make them cheaply."""
+def is_current(engine: Engine, env: str, variant: str, base: str | None) -> bool:
+    """Whether env's image exists and was built from the current lock and recipe on the same base (its labels say
+    so): what the image holds is a function of those three, so a build keeps it. Asking the engine's layer cache
+    instead still sends the whole build context (a GB or more of wheels) for every image: about 20 s each."""
     labels = image_labels(engine, image_name(env, variant)) or {}
     return (labels.get("rosetta.lock.sha256") == lock_sha256(lock_path(env, variant))
-            and labels.get("rosetta.recipe.sha256") == lock_sha256(RECIPE))
+            and labels.get("rosetta.recipe.sha256") == lock_sha256(RECIPE)
+            and labels.get("org.opencontainers.image.base.name") == (base or BASE))
 
 
-def build(envs: Sequence[str], variant: str, base: str | None, clean: bool = False) -> dict[str, float]:
-    """Build each env's image; returns seconds per image.
+def build(envs: Sequence[str], variant: str, base: str | None, clean: bool = False,
+          force: bool = False) -> dict[str, float]:
+    """Build each env's image, keeping one already built from the current lock and recipe on the same base
+    (`is_current`; `force` builds it again, through the layer cache); returns seconds per image built.
 
     clean: after each image, remove its wheelhouse and its `install` stage (the wheels and a second copy of the
     environment: about twice the image's size for CUDA), and download without pip's cache. The image is the same;
-    an image already built from the current lock and recipe is kept, any other is downloaded and installed again
-    (the layer cache no longer holds its install stage)."""
+    any image not current is downloaded and installed again (the layer cache no longer holds its install stage)."""
     engine = ensure_engine()
     log(f"engine: {engine.name}{' (rootless)' if engine.rootless else ''}")
     if base is None:
@@ -282,8 +285,8 @@ def build(envs: Sequence[str], variant: str, base: str | None, clean: bool = Fal
     times: dict[str, float] = {}
     for env in envs:
         started = time.monotonic()
-        if clean and is_current(engine, env, variant):
-            log(f"{image_name(env, variant)} is current (built from this lock and recipe): kept")
+        if not force and is_current(engine, env, variant, base):
+            log(f"{image_name(env, variant)} is current (built from this lock and recipe on {base or BASE}): kept")
             continue
         context = wheelhouse(env, variant, cache=not clean)
         args = build_args(env, variant, base, context / "wheels")
@@ -315,6 +318,8 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="after each image, remove its wheelhouse and install stage (saves GBs for CUDA; rebuilds download again)",
     )
+    build_p.add_argument("--force", action="store_true",
+                         help="build even an image already built from the current lock and recipe on the same base")
     sub.add_parser("engine", help="make sure a container engine answers (starts dockerd here when it can)")
     args = parser.parse_args(argv)
     if args.action == "engine":
@@ -324,8 +329,9 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(args.envs) - set(ENVIRONMENTS))
     if unknown:
         parser.error(f"unknown environment(s) {', '.join(unknown)}; choose from {', '.join(ENVIRONMENTS)}")
-    times = build(args.envs or list(ENVIRONMENTS), args.variant, args.base, args.clean)
-    log("build times: " + ", ".join(f"{env} {seconds:.0f} s" for env, seconds in times.items()))
+    times = build(args.envs or list(ENVIRONMENTS), args.variant, args.base, args.clean, args.force)
+    log("build times: " + (", ".join(f"{env} {seconds:.0f} s" for env, seconds in times.items())
+                           or "none built, every image current"))
     return 0
 
 
