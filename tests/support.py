@@ -26,6 +26,7 @@ from tooling.tiny_run import (  # noqa: E402, F401  (needs the path above; re-ex
     orchestrator_env,
     run_tiny_pipeline,
     sh,
+    shared_tiny_pipeline,
 )
 
 

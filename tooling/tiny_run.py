@@ -99,10 +99,38 @@ class TinyRun(NamedTuple):
     output: str
 
 
+def tiny_env() -> dict[str, str]:
+    """The tiny run's environment: the orchestrator's, sharing this checkout's framework environments."""
+    return orchestrator_env(ROSETTA_ENVS_DIR=str(envs_dir()))
+
+
 def run_tiny_pipeline(root: Path) -> TinyRun:
     """Copy this checkout to `root` with TINY params and run the whole pipeline there for real. The copy
     shares this checkout's environments (ROSETTA_ENVS_DIR), so nothing is rebuilt."""
-    env = orchestrator_env(ROSETTA_ENVS_DIR=str(envs_dir()))
+    env = tiny_env()
     copy_repo(root, env)
     first = sh(["dvc", "repro"], root, env)
     return TinyRun(root, env, first.stdout + first.stderr)
+
+
+def shared_tiny_pipeline(shared: Path, root: Path) -> TinyRun:
+    """The tiny run made once in `shared` for every process that asks, and copied whole (work tree, git, DVC
+    cache) to `root` for this one: the first process to ask runs it while the others wait on a file lock, and
+    no one changes the run in `shared`, so each process's tests change only their own copy. A run that failed
+    fails every later asker with its message, without running again."""
+    from filelock import FileLock  # DVC's own dependency, in the orchestrator's lock
+
+    shared.mkdir(parents=True, exist_ok=True)
+    output, failed = shared / "dvc-output.txt", shared / "failed.txt"
+    with FileLock(str(shared / "lock")):
+        if not output.is_file() and not failed.is_file():
+            try:
+                run = run_tiny_pipeline(shared / "repo")
+            except AssertionError as error:
+                failed.write_text(str(error))
+                raise
+            output.write_text(run.output)
+    if failed.is_file():
+        raise AssertionError(f"the shared tiny run failed:\n{failed.read_text()}")
+    shutil.copytree(shared / "repo", root, symlinks=True)
+    return TinyRun(root, tiny_env(), output.read_text())
