@@ -5,23 +5,21 @@ ports, and traffic to 127.0.0.1 only.
 
 On every server and every model: the logits served through V1 REST, V2 REST and V2 gRPC are bit for bit the
 in-process logits of the same export on the model's validation batch, images or the token model's int64 ids (the
-framework's, recorded by train_export in
-native_outputs.npz for the reloaded native format; ONNX Runtime's, computed here in the validation environment
-with the validate stage's own sessions). Every server also serves each model's `<model>-init`, its framework's
-model of the shared canonical init weights (ONNX: init.onnx): bit for bit what train_export's models.predict (or
-ONNX Runtime in process) gave, and within tolerances.forward_parity_abs of the float64 reference forward of those
-weights on every server, every protocol, and so of each other. The metadata is the same on all four; each bad
-request (the image model's, and the token model's: an id outside the vocabulary, a sequence too long, a row of
-padding alone, a wrong datatype, ...) gets its protocol's status and one line naming the field, and the good request
-after it still succeeds. REST runs from this process (urllib); gRPC needs kserve's stubs, so one script in the
+framework's, recorded by train_export in native_outputs.npz for the reloaded native format; ONNX Runtime's,
+computed here in the validation environment with the validate stage's own sessions). Every server also serves each
+model's `<model>-init`, its framework's model of the shared canonical init weights (ONNX: init.onnx): bit for bit
+what train_export's models.predict (or ONNX Runtime in process) gave, and within tolerances.forward_parity_abs of
+the float64 reference forward of those weights on every server, every protocol, and so of each other. The metadata
+is the same on all four; each bad request (the image model's, and the token model's: an id outside the vocabulary,
+a sequence too long, a row of padding alone, a wrong datatype, an image batch, ...) gets its protocol's status and
+one line naming the field, and the good request after it still succeeds; the token model takes ids of any length
+up to its maximum. REST runs from this process (urllib); gRPC needs kserve's stubs, so one script in the
 validation environment sends every gRPC request and writes what came back.
 
-The token model is also served without the tiny run: rosetta_common.testing's small text_transformer, the same
-canonical weights exported here by every framework that implements it (its package's TOKEN_MODELS; a server whose
-framework lacks it is skipped, saying so) and by ONNX_FROM's ONNX exporter, served by those servers alone: its
-answers bit for bit the same export's in process, within forward_parity_abs of the float64 reference forward on
-every server, its metadata INT64 "tokens" [-1, -1] under its served name text-transformer, and every bad token
-request refused in one line while the server keeps serving."""
+The token model is the tiny run's text_transformer, served beside the image models. (A second server set for a
+small token model of its own, a minute of the suite, checked nothing this one does not: its trained weights were
+the same in every framework, which validate's parity checks already hold the run's exports to.)
+"""
 
 from __future__ import annotations
 
@@ -40,12 +38,11 @@ import pytest
 
 from pipelines import paths, serving, serving_client
 from rosetta_common.data import Dataset, load_for
-from rosetta_common.inputs import PAD_ID, random_tokens
+from rosetta_common.inputs import PAD_ID
 from rosetta_common.reference import forward
 from rosetta_common.serving import init_name, served_models, served_name
 from rosetta_common.spec import ModelConfig, load_spec
-from rosetta_common.testing import small_config
-from rosetta_common.weights import init_weights, load_weights, save_weights
+from rosetta_common.weights import load_weights
 from support import REPO, TinyRun, orchestrator_env, run_in
 
 NATIVE_FORMAT = {"torch": "torch_export", "tf": "saved_model", "jax": "jax_export"}  # what each server serves
@@ -501,194 +498,24 @@ def test_bad_grpc_requests_get_their_status_and_one_line(served: Served, grpc_re
         assert errors["token_int64_contents"] == {"code": "OK", "message": "", "same": True, "then_ok": True}
 
 
-# --- the token model on every server, without the tiny run ---------------------------------------------------------
-
-# One token model (rosetta_common.testing's small text_transformer) with the same canonical weights in every
-# framework: each framework whose package implements it (rosetta_common.interface.architectures, its TOKEN_MODELS)
-# builds it from those weights and writes its native export as train_export does (export_native), and records what
-# that export (reloaded by load_native, as the server reloads it) and models.predict of the init weights give on the
-# batch in process, under the runner's threads and pins, as the server runs; ONNX_FROM's also writes model.onnx and
-# init.onnx with its own exporter, and the run folder's trained.safetensors (where the ONNX server reads the token
-# model's bounds). A framework that lacks the model writes nothing and says so.
-TOKEN_RUN_SCRIPT = r"""
-import importlib, json, os, shutil
-from pathlib import Path
-import numpy as np
-from rosetta_common.interface import BACKEND_MODULES, architectures
-from rosetta_common.serving import SERVED_FORMAT
-from rosetta_common.spec import ModelConfig
-from rosetta_common.weights import init_weights, load_weights, save_weights
-
-job = json.loads(os.environ["ROSETTA_TEST_TOKEN_RUN"])
-framework, config = job["framework"], ModelConfig.model_validate(job["config"])
-package = importlib.import_module(BACKEND_MODULES[framework])
-if config.arch not in architectures(package):
-    print(json.dumps({"implemented": False}))
-    raise SystemExit(0)
-package.configure(0)
-batch, run = np.load(job["batch"]), Path(job["run"])
-trained = package.build(config, load_weights(job["trained"], config))
-initial = package.build(config, load_weights(job["init"], config))
-package.export_native(trained, run / "native", batch)
-shutil.copyfile(job["trained"], run / "trained.safetensors")
-found = {"trained": package.load_native(run / "native")[SERVED_FORMAT[framework]](batch),
-         "init": package.predict(initial, batch)}
-if job["onnx"]:
-    package.export_onnx(trained, run / "model.onnx", batch)
-    package.export_onnx(initial, run / "init.onnx", batch)
-np.savez(job["out"], **found)
-print(json.dumps({"implemented": True}))
-"""
-
-
-class TokenServed:
-    """The servers serving only the small token model, one export per framework that implements it: the config,
-    the weights, the batch, the servers and each one's expected logits (served name -> array), and why a server is
-    not there (server -> reason)."""
-
-    def __init__(self, root: Path, config: ModelConfig, weights: dict[str, dict[str, np.ndarray]],
-                 batch: np.ndarray) -> None:
-        self.root, self.config, self.weights, self.batch = root, config, weights, batch
-        self.artifacts = root / "artifacts"
-        self.names = served_models([config.arch])
-        self.servers: dict[str, serving.Server] = {}
-        self.expected: dict[str, dict[str, np.ndarray]] = {}
-        self.missing: dict[str, str] = {}
-        # The float64 reference forward of both models' canonical weights.
-        kinds = dict(zip(self.names, ("trained", "init"), strict=True))
-        self.reference = {name: forward(config, weights[kind], batch) for name, kind in kinds.items()}
-
-    def server(self, name: str) -> serving.Server:
-        if name not in self.servers:
-            pytest.skip(self.missing[name])
-        return self.servers[name]
-
-
-@pytest.fixture(scope="module")
-def token_served(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    root = tmp_path_factory.mktemp("token-servers")
-    config = small_config("text_transformer")
-    weights = {"trained": init_weights(config, 1), "init": init_weights(config, 0)}
-    # Padded rows of 1..max_length ids: every length the model takes, most rows with padding.
-    batch = random_tokens(np.random.default_rng(0), 6, int(config.max_length), int(config.vocab_size))
-    served = TokenServed(root, config, weights, batch)
-    np.save(root / "batch.npy", batch)
-    init_file = served.artifacts / "init" / f"{config.arch}.safetensors"  # the init stage's file
-    init_file.parent.mkdir(parents=True)
-    save_weights(root / "trained.safetensors", weights["trained"], config.arch)
-    save_weights(init_file, weights["init"], config.arch)
-    for framework in NATIVE_FORMAT:
-        job = {"framework": framework, "config": config.model_dump(mode="json"), "batch": str(root / "batch.npy"),
-               "run": str(served.artifacts / framework / config.arch), "trained": str(root / "trained.safetensors"),
-               "init": str(init_file), "onnx": framework == ONNX_FROM, "out": str(root / f"{framework}.npz")}
-        written = run_in(framework, TOKEN_RUN_SCRIPT, ROSETTA_TEST_TOKEN_RUN=json.dumps(job))
-        assert written.returncode == 0, (framework, written.stderr[-3000:])
-        if not json.loads(written.stdout.splitlines()[-1])["implemented"]:
-            served.missing[framework] = (f"rosetta_{framework} does not implement {config.arch} yet (not in its "
-                                         "TOKEN_MODELS): no export of it to serve")
-            continue
-        with np.load(root / f"{framework}.npz") as found:
-            served.expected[framework] = dict(zip(served.names, (found["trained"], found["init"]), strict=True))
-    if ONNX_FROM in served.missing:
-        served.missing["onnx"] = f"the ONNX server serves {ONNX_FROM}'s model.onnx: {served.missing[ONNX_FROM]}"
-    names = [name for name in SERVERS if name not in served.missing]
-    servers = serving.start(names, served.artifacts, [config.arch], max_body_bytes=LIMIT, log_dir=root / "logs")
-    try:
-        serving.wait_ready(servers, [config.arch])
-        served.servers = {server.name: server for server in servers}
-        yield served
-    finally:
-        serving.stop(servers)
-
-
-@pytest.fixture(scope="module")
-def token_grpc(token_served: TokenServed, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    work = tmp_path_factory.mktemp("token-grpc")
-    names = token_served.names
-    results = send_grpc(work, {name: s.grpc_target for name, s in token_served.servers.items()}, names,
-                        dict.fromkeys(names, token_served.batch), None, names[0], token_served.config)
-    if "onnx" in token_served.servers:
-        token_served.expected["onnx"] = onnx_in_process(token_served.artifacts, [token_served.config.arch],
-                                                        results["batches"], work / "ort.npz")
-    return results
-
-
-def test_the_token_model_is_served_under_its_dns_label_with_int64_metadata(token_served: TokenServed,
-                                                                          token_grpc: dict[str, Any]) -> None:
-    """text_transformer is served as text-transformer (and text-transformer-init) on every server that has it: V2
-    metadata over REST and gRPC says one INT64 input "tokens" [-1, -1], the same everywhere; the folder's own name
-    is not served."""
-    names = token_served.names
-    assert names == ["text-transformer", "text-transformer-init"]
-    assert token_served.servers, token_served.missing
-    for server, running in token_served.servers.items():
-        assert token_grpc["ready"][server] == {"server": True, "models": dict.fromkeys(names, True)}, server
-        for name in names:
-            rest = serving_client.metadata(running.url, name)
-            rest.pop("versions", None)
-            assert rest == expected_metadata(name, token_served.config) == token_grpc["metadata"][server][name], (
-                server, name)
-        with pytest.raises(serving_client.RequestFailed) as refused:
-            serving_client.metadata(running.url, "text_transformer")
-        assert refused.value.status == 404, server
-        assert "allowed: text-transformer, text-transformer-init" in refused.value.message, server
-
-
 @pytest.mark.parametrize("server", SERVERS)
-def test_the_token_model_serves_the_in_process_logits_bit_for_bit(token_served: TokenServed,
-                                                                  token_grpc: dict[str, Any], server: str) -> None:
-    """Padded int64 ids through V1 (JSON integers), V2 REST (INT64 data) and gRPC (raw little-endian int64): exactly
-    the logits the same export gives in process (the framework's reloaded native export, or ONNX Runtime's session
-    of model.onnx), for the trained model and its init twin; a batch of length 1 and one of max_length are served
-    too."""
-    url = token_served.server(server).url
-    for name in token_served.names:
-        expected = token_served.expected[server][name]
-        found = {"v1": serving_client.predict_v1(url, name, token_served.batch),
-                 "v2": serving_client.infer_v2(url, name, token_served.batch),
-                 "grpc": token_grpc["logits"][f"{server}/{name}"]}
-        for protocol, logits in found.items():
-            assert logits.dtype == np.float32 and logits.shape == expected.shape, (name, protocol)
-            assert np.array_equal(logits, expected), (
-                f"{server} {name} {protocol}: max abs {np.abs(logits - expected).max():.3g}")
-    config = token_served.config
+def test_the_token_model_takes_any_length_and_refuses_an_image_batch(served: Served, grpc_results: dict[str, Any],
+                                                                     server: str) -> None:
+    """The token model's ids may be of any length up to max_length: a batch of length 1 and one of max_length are
+    served; an image batch sent to it is refused in one line naming the input it lacks, and the good request
+    after it still gets the in-process logits."""
+    token = served.first("tokens")
+    if token is None:
+        pytest.skip("the run serves no token model")
+    url, model, config = served.servers[server].url, served_name(token), served.configs[token]
     for length in (1, int(config.max_length)):
         tokens = np.ones((2, length), np.int64)
-        assert serving_client.infer_v2(url, "text-transformer", tokens).shape == (2, config.num_classes)
-
-
-def test_every_server_serves_the_token_model_within_tolerance_of_the_reference(token_served: TokenServed,
-                                                                              token_grpc: dict[str, Any]) -> None:
-    """The same canonical weights on every server (the trained model's and the init twin's): every answer within
-    tolerances.forward_parity_abs of the float64 reference forward of those weights on the same ids, and so every
-    pair of servers within twice that of each other. Padding must be masked alike everywhere for this to hold."""
-    tolerance = load_spec(REPO / "params.yaml").tolerances.forward_parity_abs
-    assert len(token_served.servers) >= 2, token_served.missing  # something to compare
-    for name in token_served.names:
-        for server in token_served.servers:
-            logits = token_grpc["logits"][f"{server}/{name}"].astype(np.float64)
-            worst = float(np.abs(logits - token_served.reference[name]).max())
-            assert worst <= tolerance, f"{server} {name}: {worst:.3g} from the reference (tolerance {tolerance:g})"
-
-
-@pytest.mark.parametrize("server", SERVERS)
-def test_bad_token_requests_get_their_status_and_one_line_and_the_server_keeps_serving(
-        token_served: TokenServed, token_grpc: dict[str, Any], server: str) -> None:
-    """An id outside the vocabulary, a negative id, a sequence longer than max_length, a row of padding alone, a
-    wrong datatype, floats, ragged rows, a wrong name or shape: 400 (V1, V2 REST) or INVALID_ARGUMENT (gRPC) with
-    one line naming the field, the value and what is allowed, as InputSpec.check says it; the good request after
-    each still gets the same logits."""
-    url, model = token_served.server(server).url, "text-transformer"
-    expected = token_served.expected[server][model]
-    refused_then_served(url, model, token_served.batch, expected,
-                        token_rest_cases(token_served.batch, model, token_served.config), server)
-    errors = token_grpc["errors"][server]
-    check_grpc_outcomes(errors, token_grpc_cases(token_served.config), server)
-    assert errors["token_int64_contents"] == {"code": "OK", "message": "", "same": True, "then_ok": True}
-    with pytest.raises(serving_client.RequestFailed) as refused:  # an image batch to the token model
+        assert serving_client.infer_v2(url, model, tokens).shape == (2, config.num_classes), (server, length)
+    with pytest.raises(serving_client.RequestFailed) as refused:
         serving_client.infer_v2(url, model, np.zeros((1, 8, 8), np.float32))
     assert refused.value.status == 400 and "inputs: no input named 'tokens' (got ['images'])" in refused.value.message
-    assert np.array_equal(serving_client.predict_v1(url, model, token_served.batch), expected), server
+    expected = expected_logits(served, grpc_results, server, model)
+    assert np.array_equal(serving_client.predict_v1(url, model, served.batches[model]), expected), server
 
 
 def launch(*args: str) -> subprocess.CompletedProcess[str]:
