@@ -43,14 +43,22 @@ def framework_suite(framework: str, basetemp: Path) -> list[str]:
 # a stage, a server) or waiting on one, so on 2 cores two workers beside the framework suites keep both cores
 # busy where one left the second idle once the framework suites ended. Each test file runs whole on one worker
 # (tests/conftest.py, pytest_xdist_make_scheduler); the tiny run is made once and copied to each
-# (tooling/tiny_run.shared_tiny_pipeline).
+# (tooling/tiny_run.shared_tiny_pipeline). ROSETTA_TEST_WORKERS changes the count (0: one pytest process, as
+# before; a machine with more cores may want more).
 CROSS_WORKERS = 2
+
+
+def cross_workers() -> int:
+    value = os.environ.get("ROSETTA_TEST_WORKERS", str(CROSS_WORKERS))
+    if not value.isdigit():
+        raise SystemExit(f"error: ROSETTA_TEST_WORKERS={value!r}: must be a whole number of workers, 0 or more")
+    return int(value)
 
 
 def cross_suite(basetemp: Path) -> list[str]:
     """`packages/common/tests` and `tests/` (pyproject.toml's testpaths) in the orchestrator's environment."""
     return [sys.executable, "-m", "pytest", "-q", "--durations=40", f"--basetemp={basetemp / 'cross'}",
-            "-n", str(CROSS_WORKERS)]
+            "-n", str(cross_workers())]
 
 
 def suite_environment(basetemp: Path) -> dict[str, str]:
@@ -120,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("which", nargs="?", default="all", choices=["all", "frameworks", "cross"])
     which = parser.parse_args(argv).which
+    cross_workers()  # a bad ROSETTA_TEST_WORKERS is one line before anything starts
     results: dict[str, int] = {}
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="rosetta-tests-") as tmp:
