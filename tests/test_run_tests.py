@@ -1,0 +1,75 @@
+"""`make test`'s own parts: the worker count, the environment every suite shares, and the shared tiny run's
+bookkeeping (made once, copied to each worker, a failure told to every later asker without running again)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from support import REPO, TinyRun
+from tooling import run_tests, tiny_run
+
+
+def test_the_cross_cutting_suite_runs_on_two_workers_unless_told(monkeypatch: pytest.MonkeyPatch,
+                                                                 tmp_path: Path) -> None:
+    monkeypatch.delenv("ROSETTA_TEST_WORKERS", raising=False)
+    command = run_tests.cross_suite(tmp_path)
+    assert command[command.index("-n") + 1] == "2"
+    monkeypatch.setenv("ROSETTA_TEST_WORKERS", "0")  # one pytest process, as before
+    command = run_tests.cross_suite(tmp_path)
+    assert command[command.index("-n") + 1] == "0"
+
+
+def test_a_bad_worker_count_is_one_line_before_anything_starts(tmp_path: Path) -> None:
+    result = subprocess.run([sys.executable, "-m", "tooling.run_tests", "cross"], cwd=REPO, capture_output=True,
+                            text=True, env={"PATH": "/usr/bin:/bin", "ROSETTA_TEST_WORKERS": "two"}, timeout=60,
+                            check=False)
+    assert result.returncode != 0 and result.stdout == ""
+    assert result.stderr.strip() == ("error: ROSETTA_TEST_WORKERS='two': must be a whole number of workers, "
+                                     "0 or more")
+
+
+def test_every_suite_compiles_jax_programs_into_one_cache_in_the_runs_own_folder(tmp_path: Path) -> None:
+    env = run_tests.suite_environment(tmp_path)
+    assert Path(env["JAX_COMPILATION_CACHE_DIR"]).parent == tmp_path  # empty at the start of every run
+    # every program, however quick to compile: the suites' many small ones are what repeats
+    assert env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] == env["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] == "0"
+
+
+def test_the_shared_tiny_run_is_made_once_and_copied_whole_to_each_asker(monkeypatch: pytest.MonkeyPatch,
+                                                                         tmp_path: Path) -> None:
+    made = []
+
+    def run(root: Path) -> TinyRun:  # a finished run's stand-in: a folder with a file, and DVC's output
+        made.append(root)
+        (root / ".dvc").mkdir(parents=True)
+        (root / ".dvc/config").write_text("[core]\n")
+        return TinyRun(root, {}, "Running stage 'data'")
+
+    monkeypatch.setattr(tiny_run, "run_tiny_pipeline", run)
+    first = tiny_run.shared_tiny_pipeline(tmp_path / "shared", tmp_path / "a" / "repo")
+    second = tiny_run.shared_tiny_pipeline(tmp_path / "shared", tmp_path / "b" / "repo")
+    assert made == [tmp_path / "shared" / "repo"]
+    for copy in (first, second):
+        assert (copy.root / ".dvc/config").read_text() == "[core]\n" and copy.output == "Running stage 'data'"
+    (first.root / ".dvc/config").write_text("changed")  # a copy is the asker's own
+    assert (second.root / ".dvc/config").read_text() == (tmp_path / "shared/repo/.dvc/config").read_text()
+
+
+def test_a_shared_tiny_run_that_failed_fails_every_later_asker_without_running_again(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    calls = []
+
+    def run(root: Path) -> TinyRun:
+        calls.append(root)
+        raise AssertionError("dvc repro failed (1):\nERROR: failed to reproduce 'data'")
+
+    monkeypatch.setattr(tiny_run, "run_tiny_pipeline", run)
+    for asker in ("a", "b"):
+        with pytest.raises(AssertionError, match="failed to reproduce 'data'"):
+            tiny_run.shared_tiny_pipeline(tmp_path / "shared", tmp_path / asker / "repo")
+        assert not (tmp_path / asker).exists()
+    assert len(calls) == 1
