@@ -11,7 +11,8 @@ The cross-cutting suite prints live (its progress is the long one); each framewo
 `.rosetta/tests/<framework>.log` and is printed whole when it ends, with a one-line verdict. The exit status is
 non-zero when any suite failed.
 
-    python -m tooling.run_tests [all|frameworks|cross]   (make test, make test-frameworks, make test-cross)"""
+    python -m tooling.run_tests [all|frameworks|cross]   (make test, make test-frameworks, make test-cross)
+"""
 
 from __future__ import annotations
 
@@ -79,10 +80,10 @@ SUMMARIES: dict[str, str] = {}  # each suite's own pytest summary ("600 passed, 
 SUMMARY = re.compile(r"^=* *(\d+ (?:passed|failed|error|errors|skipped|deselected)\b.* in [\d.]+s.*?) *=*$")
 
 
-def run(name: str, cmd: list[str], sink: TextIO, extra_env: dict[str, str]) -> int:
+def run(name: str, cmd: list[str], sink: TextIO) -> int:
     """Run one suite, its output (stdout and stderr) line by line into `sink`, keeping pytest's summary line."""
     proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            bufsize=1, env={**os.environ, **extra_env, "PYTHONUNBUFFERED": "1"})
+                            bufsize=1, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     RUNNING.append(proc)
     try:
         assert proc.stdout is not None
@@ -102,13 +103,11 @@ def run_frameworks(basetemp: Path, results: dict[str, int], echo: bool) -> None:
     for framework in FRAMEWORKS:
         started = time.monotonic()
         if echo:
-            results[framework] = run(framework, framework_suite(framework, basetemp), sys.stdout,
-                                     suite_environment(basetemp))
+            results[framework] = run(framework, framework_suite(framework, basetemp), sys.stdout)
         else:
             log = LOGS / f"{framework}.log"
             with log.open("w") as out:
-                results[framework] = run(framework, framework_suite(framework, basetemp), out,
-                                         suite_environment(basetemp))
+                results[framework] = run(framework, framework_suite(framework, basetemp), out)
             print(f"\n---------- {framework} suite ({log.relative_to(REPO_ROOT)}) ----------\n{log.read_text()}",
                   flush=True)
         verdict = "passed" if results[framework] == 0 else f"FAILED (exit {results[framework]})"
@@ -133,15 +132,16 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="rosetta-tests-") as tmp:
         basetemp = Path(tmp)
+        os.environ.update(suite_environment(basetemp))  # every suite's processes inherit it
         try:
             if which == "frameworks":
                 run_frameworks(basetemp, results, echo=True)
             elif which == "cross":
-                results["cross"] = run("cross", cross_suite(basetemp), sys.stdout, suite_environment(basetemp))
+                results["cross"] = run("cross", cross_suite(basetemp), sys.stdout)
             else:
                 beside = threading.Thread(target=run_frameworks, args=(basetemp, results, False), daemon=True)
                 beside.start()
-                results["cross"] = run("cross", cross_suite(basetemp), sys.stdout, suite_environment(basetemp))
+                results["cross"] = run("cross", cross_suite(basetemp), sys.stdout)
                 print("[run_tests] cross-cutting suite "
                       f"{'passed' if results['cross'] == 0 else 'FAILED'} in {time.monotonic() - started:.0f} s; "
                       "waiting for the framework suites", flush=True)
