@@ -1,5 +1,6 @@
-"""`make test`'s own parts: the worker count, the environment every suite shares, and the shared tiny run's
-bookkeeping (made once, copied to each worker, a failure told to every later asker without running again)."""
+"""`make test`'s own parts: the worker count, the environment every suite shares, the shared tiny run's
+bookkeeping (made once, copied to each worker, a failure told to every later asker without running again), and
+the order the workers take the files in."""
 
 from __future__ import annotations
 
@@ -73,3 +74,19 @@ def test_a_shared_tiny_run_that_failed_fails_every_later_asker_without_running_a
             tiny_run.shared_tiny_pipeline(tmp_path / "shared", tmp_path / asker / "repo")
         assert not (tmp_path / asker).exists()
     assert len(calls) == 1
+
+
+def test_the_files_come_in_the_tiny_runs_order() -> None:
+    """conftest.py's order, as every worker collects it: the file that makes the tiny run and its partner first,
+    then the files that never need the run (a worker runs them while the other makes it), then the ones that
+    need it, the slowest first."""
+    collected = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"],
+                               cwd=REPO, capture_output=True, text=True, timeout=300, check=True).stdout
+    files = list(dict.fromkeys(line.split("::")[0] for line in collected.splitlines() if "::" in line))
+    position = {path: i for i, path in enumerate(files)}
+    assert files[:2] == ["tests/test_planted_porting_bugs.py", "tests/test_taps_localize.py"], files[:4]
+    never = ["tests/test_report.py", "tests/test_jax2tf.py", "packages/common/tests/test_spec.py"]
+    needs = ["tests/test_containers.py", "tests/test_lineage.py", "tests/test_stage_kills.py",
+             "tests/test_validate_failures.py", "tests/test_pipeline_e2e.py"]
+    assert max(position[f] for f in never) < min(position[f] for f in needs), files
+    assert [position[f] for f in needs] == sorted(position[f] for f in needs), files
