@@ -40,6 +40,11 @@ def test_every_suite_compiles_jax_programs_into_one_cache_in_the_runs_own_folder
     assert env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] == env["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] == "0"
 
 
+def test_openmp_threads_sleep_when_idle_in_every_suite(tmp_path: Path) -> None:
+    """Three or more busy processes share 2 cores: an idle OpenMP thread must not spin on one (run_tests)."""
+    assert run_tests.suite_environment(tmp_path)["OMP_WAIT_POLICY"] == "PASSIVE"
+
+
 def test_the_shared_tiny_run_is_made_once_and_copied_whole_to_each_asker(monkeypatch: pytest.MonkeyPatch,
                                                                          tmp_path: Path) -> None:
     made = []
