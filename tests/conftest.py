@@ -38,18 +38,18 @@ TINY_FIXTURES = {"tiny_pipeline", "planted_runs"}
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Files in the order above; each file's tests keep theirs. Every xdist worker collects the same order, and
     the scheduler (below) hands the files out in it."""
-    files = [item.nodeid.split("::", 1)[0] for item in items]
-    waits = {f for f, item in zip(files, items, strict=True) if TINY_FIXTURES & set(item.fixturenames)}
-    waits |= NEEDS_THE_TINY_RUN_LATER | {SAME_WORKER.get(STARTS_THE_TINY_RUN, STARTS_THE_TINY_RUN)}
-    first_seen = {f: i for i, f in reversed(list(enumerate(files)))}
+    def file(item: pytest.Item) -> str:
+        return item.nodeid.split("::", 1)[0]
+
+    first = {STARTS_THE_TINY_RUN, SAME_WORKER.get(STARTS_THE_TINY_RUN, STARTS_THE_TINY_RUN)}
+    waits = NEEDS_THE_TINY_RUN_LATER | {file(item) for item in items if TINY_FIXTURES & set(item.fixturenames)}
+    collected = {path: i for i, path in enumerate(dict.fromkeys(map(file, items)))}
 
     def rank(path: str) -> tuple[int, int, int]:
-        group = 0 if path in (STARTS_THE_TINY_RUN, SAME_WORKER.get(STARTS_THE_TINY_RUN)) else \
-            2 if path in waits else 1
-        return group, SLOWEST.index(path) if path in SLOWEST else len(SLOWEST), first_seen[path]
+        group = 0 if path in first else 2 if path in waits else 1
+        return group, SLOWEST.index(path) if path in SLOWEST else len(SLOWEST), collected[path]
 
-    order = {f: rank(f) for f in first_seen}
-    items[:] = [item for _, item in sorted(zip(files, items, strict=True), key=lambda pair: order[pair[0]])]
+    items.sort(key=lambda item: rank(file(item)))  # stable: each file's tests keep their order
 
 
 @pytest.hookimpl(optionalhook=True)

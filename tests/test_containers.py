@@ -10,7 +10,7 @@ one container through the runner's `docker run` line). It checks a passing valid
 those stages owned by the user who ran them, and the containers' training figures against the local run's within
 the parity tolerances. (No train_export in containers: it runs the runner's one-container line, which validate
 runs too, on images the data-parallel stages already train in; torch's, which this test reran before, took about a
-quarter of this test's minutes and showed nothing new, as TF's and JAX's would not.)
+quarter of this test's minutes and showed nothing new, nor would TF's or JAX's.)
 Timings are not measured here (benchmarks/README.md, "Containers").
 Where no engine can run, or the local base image cannot be made, it skips with the reason.
 """
