@@ -123,8 +123,8 @@ def _layer_norm_forward(x: jax.Array, scale: jax.Array, bias: jax.Array, epsilon
 def _layer_norm_backward(epsilon: float, saved: tuple[jax.Array, jax.Array, jax.Array], grad: jax.Array
                          ) -> tuple[jax.Array, jax.Array, jax.Array]:
     # dx = rstd (g' - mean(g') - x_hat mean(g' x_hat)) with g' = grad * scale: one pass over the row for the two
-    # means, where autodiff of the two-pass variance replays both passes backwards (1.2-1.3x the step's time of
-    # Flax's one-pass LayerNorm on the attention model, benchmarks/README.md).
+    # means, where autodiff of the two-pass variance replays both passes backwards (1.06x and 1.15x the step's time
+    # of Flax's one-pass LayerNorm on the attention model, digits and mnist5k: benchmarks/README.md).
     x_hat, rstd, scale = saved
     batch_axes = tuple(range(grad.ndim - 1))
     g = grad * scale

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 from types import ModuleType
 
 import numpy as np
 import pytest
 
+from rosetta_common.conformance import process_worker
 from rosetta_common.conformance.implemented import skip_unless_implemented
 from rosetta_common.interface import BACKEND_MODULES, load_backend
 from rosetta_common.spec import ARCHITECTURES, TOKEN_ARCHITECTURES
@@ -49,3 +53,25 @@ def inputs(arch: str, images: np.ndarray) -> np.ndarray:
     if arch in TOKEN_ARCHITECTURES:
         return random_inputs(small_config(arch), 7, 7)
     return images
+
+
+@pytest.fixture(scope="session")
+def two_processes(backend: ModuleType, tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """Two fresh processes (process_worker.py) at the same time, nothing they compute may depend on what else
+    runs: each exports every architecture, then trains every architecture, the first with a StepHook, the second
+    also stopped after each of the hook's first-epoch steps. Their output folders."""
+    outs = [tmp_path_factory.mktemp(f"process{i}") for i in range(2)]
+    procs = [subprocess.Popen([sys.executable, "-m", "rosetta_common.conformance.process_worker", backend.FRAMEWORK,
+                               str(out), mode]) for out, mode in zip(outs, ("hook", "truncated"), strict=True)]
+    assert [proc.wait() for proc in procs] == [0, 0]
+    return outs
+
+
+@pytest.fixture(scope="session")
+def two_runs(two_processes: list[Path]) -> list[dict[str, np.ndarray]]:
+    """What the two processes trained (train_worker.py): losses, weights, logits and the hook's states."""
+    runs = []
+    for out in two_processes:
+        with np.load(out / process_worker.RUN, allow_pickle=False) as f:
+            runs.append(dict(f))
+    return runs

@@ -1,7 +1,8 @@
 """distributed.py of the contract: two workers on the framework's own engine train as one process does.
 
 Two worker processes on loopback (the framework's own variables, as its launcher sets them), each taking its
-half of every batch, against the same framework's single-process `train` on the same weights and batches."""
+half of every batch, against the same framework's single-process `train` on the same weights and batches
+(train_worker's run, made for test_training.py's two-process check)."""
 
 from __future__ import annotations
 
@@ -49,18 +50,16 @@ def two_worker_run(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, n
     return [dict(np.load(out / f"{rank}.npz")) for rank in range(WORKERS)]
 
 
-def _single_process(backend: ModuleType, arch: str) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    spec, config = small_spec(), small_config(arch)
-    data = learnable_data(tokens=config.input.kind == "tokens")
-    model = backend.build(config, asymmetric_weights(config, 11))
-    result = backend.train(model, plan(spec, arch, len(data.train_labels)), data)
-    return np.asarray(result.step_losses, np.float64), backend.to_canonical(model)
-
-
 @pytest.mark.parametrize("arch", ARCHS)
-def test_two_workers_train_as_one_process(backend: ModuleType, two_worker_run: list, arch: str) -> None:
+def test_two_workers_train_as_one_process(backend: ModuleType, two_worker_run: list,
+                                          two_runs: list[dict[str, np.ndarray]], arch: str) -> None:
+    """Against the single-process run of conftest.py's two_processes (train_worker: the same weights, plan and
+    data as dp_worker's, a fresh build trained by `train`)."""
     skip_unless_implemented(backend, arch)
-    losses, weights = _single_process(backend, arch)
+    single = two_runs[0]
+    losses = single[f"{arch}/step_losses"]
+    weights = {k.split("/weights/", 1)[1]: v for k, v in single.items() if k.startswith(f"{arch}/weights/")}
+    assert weights
     for rank, run in enumerate(two_worker_run):
         assert int(run[f"{arch}/workers"]) == WORKERS
         got = run[f"{arch}/step_losses"]

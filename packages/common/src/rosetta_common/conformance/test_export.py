@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -11,7 +9,9 @@ from types import ModuleType
 import numpy as np
 import pytest
 
+from rosetta_common.conformance import export_worker, process_worker
 from rosetta_common.errors import ArtifactError
+from rosetta_common.io import read_json
 from rosetta_common.metrics import inference_mode_problems, max_abs_diff
 from rosetta_common.onnx_conventions import BATCH_DIM, LENGTH_DIM, OUTPUT_NAME, violations
 from rosetta_common.spec import Spec
@@ -46,15 +46,16 @@ def test_load_native_of_a_missing_export_is_an_artifact_error(backend: ModuleTyp
     assert "\n" not in str(raised.value)
 
 
-def test_onnx_meets_the_conventions_at_every_batch_size(backend: ModuleType, arch: str, inputs: np.ndarray,
-                                                         tmp_path: Path) -> None:
+def test_onnx_meets_the_conventions_at_every_batch_size(backend: ModuleType, arch: str, two_processes: list[Path]
+                                                         ) -> None:
+    """The first fresh process's model.onnx (conftest.py's two_processes: export_worker's weights and example) is
+    checked (onnx.checker, the conventions) and run at every batch size against the same model built here."""
     import onnx
     import onnxruntime as ort
 
     config = small_config(arch)
-    model = backend.build(config, asymmetric_weights(config, 21))
-    path = tmp_path / "model.onnx"
-    backend.export_onnx(model, path, inputs)
+    model = backend.build(config, asymmetric_weights(config, export_worker.WEIGHTS_SEED))
+    path = two_processes[0] / process_worker.EXPORTS / arch / "model.onnx"
     proto = onnx.load(str(path))
     onnx.checker.check_model(proto, full_check=True)
     assert violations(proto, backend.FRAMEWORK) == []
@@ -78,23 +79,20 @@ def test_onnx_meets_the_conventions_at_every_batch_size(backend: ModuleType, arc
         assert max_abs_diff(onnx_logits, native) <= bound, batch
 
 
-def test_exports_repeat_byte_for_byte_across_processes(backend: ModuleType, tmp_path: Path) -> None:
+def test_exports_repeat_byte_for_byte_across_processes(two_processes: list[Path]) -> None:
     """Two fresh processes export the same weights: every native and ONNX file must have the same bytes (no
     save dates, no random metadata order, no process-global name counters), else DVC's hashes never repeat."""
-    worker = [sys.executable, "-m", "rosetta_common.conformance.export_worker", backend.FRAMEWORK]
-    procs = [subprocess.Popen([*worker, str(tmp_path / str(i))], stdout=subprocess.PIPE, text=True) for i in range(2)]
-    outputs = [proc.communicate()[0] for proc in procs]  # at the same time: neither may depend on the other
-    assert [proc.returncode for proc in procs] == [0, 0]
-    first, second = (json.loads(out.strip().splitlines()[-1]) for out in outputs)
+    first, second = (read_json(out / process_worker.DIGESTS) for out in two_processes)
     assert first.keys() == second.keys() and first
     assert [name for name in first if first[name] != second[name]] == []
     # No path of this machine inside an artifact (a source file's, the environment's, the output folder's): it
     # would leak the machine into shared files and make their bytes depend on where the checkout lives.
     checkout = str(Path(__file__).resolve().parents[5])
-    for path in (p for p in tmp_path.rglob("*") if p.is_file()):
-        data = path.read_bytes()
-        for needle in {checkout, sys.prefix, str(tmp_path)}:
-            assert needle.encode() not in data, f"{path.relative_to(tmp_path)} holds {needle}"
+    for out in two_processes:
+        for path in (p for p in (out / process_worker.EXPORTS).rglob("*") if p.is_file()):
+            data = path.read_bytes()
+            for needle in {checkout, sys.prefix, str(out)}:
+                assert needle.encode() not in data, f"{path.relative_to(out)} holds {needle}"
 
 
 def test_exports_run_in_inference_mode(backend: ModuleType, arch: str, inputs: np.ndarray, tmp_path: Path) -> None:

@@ -3,8 +3,6 @@ the one used, every step is reported, and two processes train bit for bit alike.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from types import ModuleType
 
 import numpy as np
@@ -74,22 +72,6 @@ def test_the_plans_per_model_learning_rate_is_the_one_used(backend: ModuleType, 
     moved = np.abs(small) > 1e-4
     assert moved.sum() >= 10
     np.testing.assert_allclose(large[moved] / small[moved], 2.0, rtol=5e-3)
-
-
-@pytest.fixture(scope="session")
-def two_runs(backend: ModuleType, tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, np.ndarray]]:
-    """The same training in two fresh processes (train_worker.py), run at the same time (nothing they compute may
-    depend on what else runs): the first with a StepHook, the second also stopped after each of the hook's
-    first-epoch steps."""
-    outs = [tmp_path_factory.mktemp(f"run{i}") / "run.npz" for i in range(2)]
-    procs = [subprocess.Popen([sys.executable, "-m", "rosetta_common.conformance.train_worker", backend.FRAMEWORK,
-                               str(out), mode]) for out, mode in zip(outs, ("hook", "truncated"), strict=True)]
-    assert [proc.wait() for proc in procs] == [0, 0]
-    runs = []
-    for out in outs:
-        with np.load(out, allow_pickle=False) as f:
-            runs.append(dict(f))
-    return runs
 
 
 def test_two_processes_train_bitwise_identically(two_runs: list[dict[str, np.ndarray]], arch: str) -> None:

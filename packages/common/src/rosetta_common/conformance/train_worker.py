@@ -2,9 +2,10 @@
 
     python -m rosetta_common.conformance.train_worker <framework> <out.npz> hook|truncated
 
-Run as a separate process (twice) by test_training.py: two processes must agree bit for bit. With `hook`, the
-run carries a StepHook at HOOK_STEPS that records the model's state there; with `truncated`, the same training is
-also run stopped after each first-epoch step of HOOK_STEPS (plan.truncated): the state the hook must have seen.
+What each of test_training.py's two fresh processes does after its exports (process_worker.py): the two must
+agree bit for bit. With `hook`, the run carries a StepHook at HOOK_STEPS that records the model's state there;
+with `truncated`, the same training is also run stopped after each first-epoch step of HOOK_STEPS
+(plan.truncated): the state the hook must have seen.
 The `truncated` process trains one model every time, its weights put back by from_canonical before the next: a
 model trained again must train exactly as a fresh build (the pipeline's replicates reuse theirs), so its last,
 full run must equal the `hook` process's, which trains a fresh build.
