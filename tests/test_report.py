@@ -296,12 +296,15 @@ def test_loss_plot_is_one_csv_per_model_with_a_column_per_framework(passing: Pat
         assert [float(r[fw]) for r in rows] == logs[fw]["step_losses"]
 
 
-def test_building_twice_gives_the_same_bytes_wherever_and_whatever_was_measured(tmp_path: Path) -> None:
+def test_building_twice_gives_the_same_bytes_wherever_and_whatever_was_measured(passing: Path,
+                                                                               tmp_path: Path) -> None:
     """Byte-stable lineage: two builds, in two folders at different absolute paths, one of them with the
-    measurements of a run present beside it, give identical files; and none holds a timing or a path."""
-    first, second = make_artifacts(tmp_path / "a"), make_artifacts(tmp_path / "elsewhere" / "b")
-    build(first)
-    once = contents(first / paths.REPORT)
+    measurements of a run present beside it, give identical files; and none holds a timing or a path. (The first
+    folder is the module's passing report, built from the same fixture set.)"""
+    first = passing.parents[len(Path(paths.REPORT).parts) - 1]
+    second = make_artifacts(tmp_path / "elsewhere" / "b")
+    assert first / paths.REPORT == passing and first != second
+    once = contents(passing)
     build(first)
     assert contents(first / paths.REPORT) == once  # the same inputs, rebuilt: the same bytes
     make_measurements(second)
@@ -309,7 +312,7 @@ def test_building_twice_gives_the_same_bytes_wherever_and_whatever_was_measured(
     assert contents(second / paths.REPORT) == once  # another path, measurements present: still the same bytes
     texts = {name: data.decode() for name, data in once.items()}
     for name, text in texts.items():
-        assert str(tmp_path) not in text and "/tmp/" not in text, name  # no absolute path
+        assert str(tmp_path) not in text and str(first) not in text and "/tmp/" not in text, name  # no path
         assert not re.search(r"\b20\d\d-\d\d-\d\d\b", text), name  # no date
         for seconds in TRAIN_SECONDS.values():  # no timing of the run (they exist only in measurements/)
             assert str(seconds) not in text and f"{seconds:.2f} s" not in text, name
