@@ -14,14 +14,17 @@ from rosetta_common.spec import TOKEN_ARCHITECTURES, load_spec
 def main(argv: list[str]) -> int:
     clock = measurements.StageClock("data", IMPORTS_STARTED)
     spec = load_spec(paths.PARAMS)
-    data = prepare(spec.data, spec.seed)
-    clock.lap("prepare")
+    # The text first: it takes a fraction of the images' time (0.4 s against 3 s in the tests' tiny run), so a bad
+    # corpus is refused before the images are prepared for nothing. Each split has its own generator from the
+    # seed: the order changes no byte.
     text = tokenizer = None
     if any(m in TOKEN_ARCHITECTURES for m in spec.models):
         from rosetta_common.text import prepare_text  # only here: it imports the tokenizers library
 
         text, tokenizer = prepare_text(spec.data.text, spec.data.test_fraction, spec.seed)
         clock.lap("prepare_text")
+    data = prepare(spec.data, spec.seed)
+    clock.lap("prepare")
     save_prepared(data, paths.PREPARED, text, tokenizer.to_str(pretty=True) if tokenizer else None)
     clock.lap("save")
     measurements.write_stage(clock.record())
