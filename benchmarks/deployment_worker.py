@@ -78,6 +78,7 @@ def load(name: str, path: Path) -> Callable[[Any], Any]:
         options.log_severity_level = 3
         options.intra_op_num_threads = int(os.environ.get("ROSETTA_THREADS", "2"))
         options.inter_op_num_threads = 1
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         input_name = session.get_inputs()[0].name
         return lambda x: session.run(None, {input_name: x})[0]
