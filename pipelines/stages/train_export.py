@@ -83,16 +83,16 @@ class Checkpoints:
         self.states[replicate][f"replicate{replicate}/step_losses"] = np.asarray(
             result.step_losses[:self.window], np.float64)
 
-    def complete(self, data: Dataset, out: Path, model: Any) -> None:
-        """Train the replicates that have not run yet through the last checkpoint or the window, on `model` (its
-        weights replaced by each one's init, see `rebuilt`), then write."""
+    def complete(self, data: Dataset, out: Path) -> None:
+        """Train the replicates that have not run yet through the last checkpoint or the window, then write."""
         last = max([*self.steps, self.window])  # lockstep_checkpoints may be empty: the window is then the last
+        model = None
         for replicate in range(1, self.spec.replicates.count + 1):
             if replicate in self.states:
                 continue
             self.backend.configure(self.spec.seed)  # as the run itself started
             init, plan, _ = replicate_start(self.job, replicate)
-            rebuilt(self.backend, model, init)
+            model = rebuilt(self.backend, self.job, model, init)
             # As the whole replicate trains, to `last`.
             self.ran(replicate, self.backend.train(model, plan.truncated(last), data, self.hook(replicate)))
         arrays = {k: v for replicate in sorted(self.states) for k, v in self.states[replicate].items()}
@@ -100,12 +100,16 @@ class Checkpoints:
             np.savez(f, **arrays)
 
 
-def rebuilt(backend: ModuleType, model: Any, init: Weights) -> Any:
-    """The job's model holding `init`: the same model with its weights put back (from_canonical), which the
-    contract trains exactly as a fresh build (the conformance suite's train_worker). Every replicate trains on the
-    run's own model, so it reuses what the framework made for the run: Keras' traced step, half of TF's time in
-    the replicates (the tiny run's attention: 2.8 s against 5.9 s when each model's first replicate built its
-    own)."""
+def rebuilt(backend: ModuleType, job: Job, model: Any, init: Weights) -> Any:
+    """The job's model holding `init`: a fresh build the first time (`model` None), then the same model with its
+    weights put back (from_canonical), which the contract trains exactly as a fresh build. A replicate reuses
+    what the framework made for the last one (Keras' traced step: seconds a model).
+
+    Never the run's own model: its weights would have to be put back through to_canonical and from_canonical,
+    and a porting bug in that mapping (torch's LSTM bias given to both of its bias vectors) would then change
+    the model whose outputs, exports and taps are recorded (tests/test_taps_localize.py's trained plants)."""
+    if model is None:
+        return backend.build(job.config, init)
     backend.from_canonical(model, init)
     return model
 
@@ -119,13 +123,15 @@ def train(backend: ModuleType, job: Job, data: Dataset, out: Path, where: str,
 
 
 def train_replicates(backend: ModuleType, spec: Spec, job: Job, data: Dataset, out: Path, where: str,
-                     checkpoints: Checkpoints, model: Any) -> None:
+                     checkpoints: Checkpoints) -> None:
     """The measured null (params.yaml `replicates`, stages.common.replicates), each replicate trained as the run
-    was: from its init (on `model`, `rebuilt` for each), backend.train on the plan (its lockstep checkpoints taken
+    was: from its init (one model, `rebuilt` for each), backend.train on the plan (its lockstep checkpoints taken
     on the way)."""
+    model = None
 
     def fit(replicate: int, init: Weights, plan: TrainPlan) -> tuple[Any, TrainResult]:
-        rebuilt(backend, model, init)
+        nonlocal model
+        model = rebuilt(backend, job, model, init)
         result = backend.train(model, plan, data, checkpoints.hook(replicate))
         checkpoints.ran(replicate, result)
         return model, result
@@ -245,16 +251,11 @@ def run_model(backend: ModuleType, spec: Spec, job: Job, data: Dataset, clock: m
         checkpoints = Checkpoints(backend, spec, job, batch)
         with clock.phase(f"{arch}.train"):
             model, result = train(backend, job, data, out, where, checkpoints)
-        # Exported as trained, then the same model trains the replicates (`rebuilt`) and gets the run's weights
-        # back for its outputs, taps and latency: to_canonical and from_canonical are exact (the outputs'
-        # logits are the exported files', within the native round trip's bound).
-        initial, exported = export(backend, job, model, batch, out, clock)
-        trained = backend.to_canonical(model)
         with clock.phase(f"{arch}.replicates"):
-            train_replicates(backend, spec, job, data, out, where, checkpoints, model)
+            train_replicates(backend, spec, job, data, out, where, checkpoints)
         with clock.phase(f"{arch}.checkpoints"):
-            checkpoints.complete(data, out, model)
-        backend.from_canonical(model, trained)
+            checkpoints.complete(data, out)
+        initial, exported = export(backend, job, model, batch, out, clock)
         with clock.phase(f"{arch}.outputs"):
             record_outputs(backend, job, model, initial, data, batch, out)
     figures = json.loads(paths.metrics(arch, fw).read_text())
