@@ -133,6 +133,9 @@ def test_a_truncated_plan_is_the_first_steps_of_the_run():
         part = full.truncated(steps)
         assert part.num_steps == steps and part.epochs == 1
         assert (part.all_batches() == full.all_batches()[:steps]).all()
+        # A schedule over the run (JAX's Adam table) is the whole run's, truncated again or not.
+        assert full.schedule_steps == full.num_steps and part.schedule_steps == full.num_steps
+        assert part.replicate(2).truncated(1).schedule_steps == full.num_steps
     with pytest.raises(SpecError, match=r"step 32: must be within the first epoch, 1\.\.31"):
         full.truncated(32)
 

@@ -35,6 +35,10 @@ class TrainPlan:
     # holds the same samples with the same dropout masks, its rows in an order drawn from (seed, i): the same
     # arithmetic summed in other orders, so other roundings at every step, as another framework's kernels give.
     row_order: int = 0
+    # A truncated plan's whole run, in steps (truncated() sets it; None: this plan is the whole run). A schedule
+    # precomputed over the run (rosetta_jax's Adam table) is sized by it, so that a run stopped early takes the
+    # very optimizer, and in JAX the very compiled step, of the run it is the start of.
+    whole_steps: int | None = None
 
     @property
     def optimizer_name(self) -> str:
@@ -52,6 +56,11 @@ class TrainPlan:
     @property
     def num_steps(self) -> int:
         return self.epochs * self.steps_per_epoch
+
+    @property
+    def schedule_steps(self) -> int:
+        """The steps of the whole run this plan is, or is the start of (at least num_steps)."""
+        return self.num_steps if self.whole_steps is None else self.whole_steps
 
     def batches(self, epoch: int) -> list[np.ndarray]:
         """Index batches of one epoch (rosetta_common.data.epoch_batches): the same in every framework; with a
@@ -84,7 +93,7 @@ class TrainPlan:
         if not 1 <= steps <= self.num_samples // self.batch_size:
             raise SpecError(f"params.yaml: tolerances.lockstep_checkpoints: step {steps}: must be within the first "
                             f"epoch, 1..{self.num_samples // self.batch_size} steps here")
-        return replace(self, epochs=1, first_steps=steps)
+        return replace(self, epochs=1, first_steps=steps, whole_steps=self.schedule_steps)
 
     def all_batches(self) -> np.ndarray:
         """Every epoch's index batches, in order: (num_steps, batch_size) int64."""

@@ -149,7 +149,7 @@ def train_data_parallel(config: ModelConfig, weights: Weights, plan: TrainPlan, 
         return jax.make_array_from_process_local_data(batch_rows, local, (plan.batch_size, *local.shape[1:]))
 
     model = build(config, weights)
-    tx = make_optimizer(model, plan.optimizer, plan.num_steps)
+    tx = make_optimizer(model, plan.optimizer, plan.schedule_steps)
     graphdef, params, statistics = nnx.split(training_view(model), nnx.Param, nnx.BatchStat)
     params, statistics = _replicate(params, replicated), _replicate(statistics, replicated)
     opt_state = jax.jit(tx.init, out_shardings=replicated)(params)

@@ -64,7 +64,8 @@ def torch_adam(spec: AdamSpec, num_steps: int) -> optax.GradientTransformation:
     (~1.3e-5 relative off for small t). Here both bias corrections are computed on the host in float64 as
     torch does (rosetta_common.optim.adam_bias_corrections), rounded once to float32, and looked up by
     step count from a table -- a schedule, precomputed. `num_steps` must cover every step that will be
-    taken (train() passes the plan's exact total; steps past it would reuse the last entry).
+    taken (train() passes the plan's whole run, TrainPlan.schedule_steps, so that a truncated plan compiles
+    the same step as its whole run; steps past it would reuse the last entry).
     Torch: denom = sqrt(v) / sqrt(bc2) + eps; p -= (lr / bc1) * m / denom.
     """
     b1, b2, eps = spec.beta1, spec.beta2, spec.epsilon
@@ -210,10 +211,11 @@ def training_inputs(config: ModelConfig, data: Dataset) -> np.ndarray:
 TrainState = tuple[nnx.State, nnx.State, optax.OptState]  # parameters, BatchNorm statistics, optimizer state
 S = TypeVar("S")  # run_epochs' state: a TrainState (distributed) or its leaves (train)
 
-# train()'s optimizer and jitted step per (model config, optimizer, steps, state structure): a jax.jit of a new
-# closure compiles again, and the one-ulp replicates and the lockstep checkpoints train the same model from other
-# weights up to a dozen times per stage (a compile of a second or more each, measured: the text model's stage spent
-# 44 s there).
+# train()'s optimizer and jitted step per (model config, optimizer, whole run's steps, state structure): a jax.jit
+# of a new closure compiles again, and the one-ulp replicates and the lockstep checkpoints train the same model from
+# other weights up to a dozen times per stage (a compile of a second or more each, measured: the text model's stage
+# spent 44 s there). The steps are the whole run's (schedule_steps), so the lockstep window's truncated replicates
+# take the run's own compiled step instead of one of their own.
 _OPTIMIZERS: dict[tuple[str, str, int], optax.GradientTransformation] = {}
 _STEPS: dict[tuple[str, str, int, jax.tree_util.PyTreeDef], FlatStepFn] = {}
 
@@ -225,9 +227,9 @@ def compiled_step(model: Model, graphdef: nnx.GraphDef[Any], plan: TrainPlan, pa
     for each model config, optimizer, number of steps (and state structure, which those fix): the same program,
     so the same bits, for every model of that config (nnx.merge puts each one's states into the same graph); and
     the initial state (params, statistics, the transform's init) as that step takes it, leaves and treedef."""
-    key = (model.config.model_dump_json(), plan.optimizer.model_dump_json(), plan.num_steps)
+    key = (model.config.model_dump_json(), plan.optimizer.model_dump_json(), plan.schedule_steps)
     if key not in _OPTIMIZERS:
-        _OPTIMIZERS[key] = make_optimizer(model, plan.optimizer, plan.num_steps)
+        _OPTIMIZERS[key] = make_optimizer(model, plan.optimizer, plan.schedule_steps)
     tx = _OPTIMIZERS[key]
     leaves, treedef = jax.tree.flatten((params, statistics, tx.init(params)))
     if (*key, treedef) not in _STEPS:

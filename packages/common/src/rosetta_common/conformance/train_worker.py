@@ -23,10 +23,12 @@ from rosetta_common.interface import architectures, load_backend
 from rosetta_common.testing import asymmetric_weights, learnable_data, small_config, small_spec
 from rosetta_common.training import StepHook, plan
 
-# Two steps inside the first epoch and the last of the run (small_spec: 2 epochs of 8 steps). Not step 1: a
-# one-step plan's Adam table (rosetta_jax.train.torch_adam) has one entry, which XLA folds into the step as a
-# constant, and JAX's run stopped there is one ulp off the longer run in a few weights (measured: 19 of 2,048 of
-# the mlp's kernel); the hook sees the run's own state.
+# Two steps inside the first epoch and the last of the run (small_spec: 2 epochs of 8 steps). Not step 1: when a
+# truncated plan sized JAX's Adam table (rosetta_jax.train.torch_adam) by its own steps, a one-step plan's table had
+# one entry, which XLA folded into the step as a constant, and the run stopped there was one ulp off the longer run
+# in a few weights (measured: 19 of 2,048 of the mlp's kernel). A truncated plan now takes its whole run's table
+# (TrainPlan.schedule_steps), and with it the whole run's compiled step: one JAX compile per architecture here, not
+# one per stop.
 HOOK_STEPS = (2, 5, 16)
 
 
