@@ -1,7 +1,8 @@
 """SIGKILL a real stage, whole process group, at several points, in a copy of the session's finished TINY run:
-during training, between two outputs, during the export's writes, just after its folder was published, and
-`dvc repro` itself while a framework's stage is between two models. Afterwards no lineage output (data/,
-artifacts/, reports/) is partial or mixed: a run folder is either the complete previous one, byte for byte, or
+during training, between two outputs, during the export's writes, just after its folder was published (and
+`dvc repro` itself while a framework's stage is between two models: test_lineage.py, on its two-model clone).
+Afterwards no lineage output (data/, artifacts/, reports/) is partial or mixed: a run folder is either the
+complete previous one, byte for byte, or
 absent (DVC removes a stage's outputs before it runs the stage), or complete and consistent with its own
 export.json; no *.tmp file lies among them; and the next `dvc repro` completes, with the validate stage passing.
 
@@ -28,7 +29,7 @@ import yaml
 
 from integrity_support import VALIDATE, fingerprint, leftovers, train_export, tree
 from pipelines import paths
-from support import MODELS, TinyRun, ran_stages, replace_file, sh
+from support import TinyRun, ran_stages, replace_file, sh
 
 RUN = str(paths.run_dir("mlp", "jax"))  # the run folder the direct kills target (jax starts fastest)
 
@@ -228,30 +229,3 @@ def test_direct_kill_leaves_old_or_complete(run: Run, ready: Callable[[Point], b
     assert fingerprint(run.root, ("data", "artifacts")) == {
         k: v for k, v in before.items() if k.startswith(("data/", "artifacts/"))
     }, f"after a kill leaving it {state}, the next repro did not give back the run folder"
-
-
-def test_dvc_repro_killed_between_two_models(run: Run) -> None:
-    """`dvc repro --force --single-item train_export@torch` reruns the torch stage, which trains every model in
-    one process, and is killed while the second model trains, the first one's folder published: the first is
-    complete, every other absent (DVC removes a stage's output folder before running the stage), nothing else
-    touched. The same command again runs the stage to its end, from what the kill left, and the next `dvc repro`
-    finds nothing to run (the stage gave the lock's bytes, so no stage after it is stale) and passes. (Torch's
-    stage: the fastest of the three to run twice; which framework's process is killed changes nothing DVC does.
-    Forced rather than made stale by an edit to torch's package: the edit would make every stage that imports the
-    package stale too, the servers and the data-parallel run, minutes more; and once the edit is undone, DVC
-    restores missing outputs from its cache instead of running the stage.)"""
-    before = fingerprint(run.root)
-    first, second = MODELS[:2]
-    forced = ["dvc", "repro", "--force", "--single-item", "train_export@torch"]
-    started = Started(forced, run.root, run.env)
-    started.kill_when(lambda: f"train_export: torch/{first}" in started.output()
-                      and f"torch {second}:" in started.output().split(f"train_export: torch/{first}")[1])
-    folders = {str(paths.run_dir(first, "torch")): "complete|old"}
-    folders |= {str(paths.run_dir(m, "torch")): "absent" for m in MODELS[1:]}
-    states = check_outputs(run.root, before, folders)
-    ran = ran_stages(sh(forced, run.root, run.env).stdout)
-    assert ran == {"train_export@torch"}, ran
-    assert repro_completes(run) == set()
-    for folder in folders:
-        assert consistent(run.root / folder), folder
-    print(f"killed dvc repro while torch trained {second}: {states}; the next repro ran {sorted(ran)}")
