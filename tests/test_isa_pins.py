@@ -7,13 +7,13 @@ changes that framework's bytes on this CPU): that is what makes the second test 
 
 from __future__ import annotations
 
-import hashlib
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from integrity_support import tree
 from lineage_support import copy_run
 from pipelines.environments import ISA_FLOOR, ISA_PINS, stage_environment
 from support import MODELS, TinyRun
@@ -30,11 +30,6 @@ def test_every_stage_gets_the_pins_whatever_the_caller_set(monkeypatch: pytest.M
         assert env[name] == value, name
     flags = env["XLA_FLAGS"].split()
     assert [f for f in flags if f.startswith("--xla_cpu_max_isa")] == [f"--xla_cpu_max_isa={ISA_FLOOR}"], flags
-
-
-def artifact_hashes(folder: Path) -> dict[str, str]:
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +58,7 @@ def test_train_export_bytes_do_not_move_with_the_callers_caps(pinned_copy: Path,
     assert result.returncode == 0, result.stderr[-3000:]
     for model in RETRAINED:
         folder = Path("artifacts") / framework / model
-        runs = [artifact_hashes(tiny_pipeline.root / folder), artifact_hashes(pinned_copy / folder)]
+        runs = [tree(tiny_pipeline.root / folder), tree(pinned_copy / folder)]
         assert runs[0], folder
         moved = sorted(k for k in runs[0].keys() | runs[1].keys() if runs[0].get(k) != runs[1].get(k))
         assert not moved, f"{framework} {model} files that a caller's caps moved: {moved}"

@@ -27,15 +27,16 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 import yaml
-from test_stage_kills import Started, check_outputs
 
-from integrity_support import fingerprint, leftovers
+from integrity_support import Started, check_outputs, fingerprint, leftovers
 from lineage_support import (
     GIT,
     Kill,
+    KillEvent,
     copy_run,
     differences,
     lock_hashes,
@@ -92,23 +93,22 @@ def test_pushed_run_pulls_complete_into_a_fresh_clone(tiny_pipeline: TinyRun, tm
     assert not (clone / "measurements").exists(), "measurements are not lineage: they must not travel"
 
 
-FINISHED = "finished"  # beside the clone, once test_killed_repro_resumes_to_the_same_hashes passed on it
+class KilledClone(NamedTuple):
+    root: Path
+    events: list[KillEvent]  # one per kill, in order
+    log: str  # the kills, one line each
+    final: subprocess.CompletedProcess[str]  # the `dvc repro` that ran the clone to its end
 
 
 @pytest.fixture(scope="module")
-def killed_clone(tiny_pipeline: TinyRun, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The two-model clone test_killed_repro_resumes_to_the_same_hashes kills and finishes (that test fills it; the
-    kill between two models reruns a stage of the finished clone)."""
-    return tmp_path_factory.mktemp("killed") / "repo"
-
-
-def test_killed_repro_resumes_to_the_same_hashes(tiny_pipeline: TinyRun, killed_clone: Path) -> None:
-    """A fresh copy of the same files the fixture ran on (a git clone of its first commit, which copy_repo made
-    with TINY params): killed five times, then run to the end."""
+def killed_clone(tiny_pipeline: TinyRun, tmp_path_factory: pytest.TempPathFactory) -> KilledClone:
+    """A fresh copy of the same files the session's run ran on (a git clone of its first commit, which copy_repo
+    made with TINY params), training KILLED_MODELS only: `dvc repro` of KILLED_STAGES killed at each of KILLS, then
+    run to its end. Both tests below read it: test_killed_repro_resumes_to_the_same_hashes judges what the kills
+    left, test_dvc_repro_killed_between_two_models reruns a stage of the finished clone."""
     env = tiny_pipeline.env
-    root = killed_clone
-    tmp_path = root.parent
-    sh(["git", "clone", "-q", str(tiny_pipeline.root), str(root)], tmp_path, env)
+    root = tmp_path_factory.mktemp("killed") / "repo"
+    sh(["git", "clone", "-q", str(tiny_pipeline.root), str(root)], root.parent, env)
     params = yaml.safe_load((root / "params.yaml").read_text())
     assert params["models"][:2] == KILLED_MODELS and set(params["replicates"]["models"]) & set(KILLED_MODELS)
     params["models"] = KILLED_MODELS
@@ -124,9 +124,14 @@ def test_killed_repro_resumes_to_the_same_hashes(tiny_pipeline: TinyRun, killed_
     log = "\n".join(f"kill {i}: {e.moment}: killed={e.killed} after {e.seconds}s in {e.stage}, dvc.lock valid: "
                     f"{e.lock_parsed}, rwlock entries left: {e.rwlock_entries}" for i, e in enumerate(events, 1))
     print(log, *recoveries, sep="\n")
-    assert all(e.killed for e in events), f"a run ended before its kill:\n{log}"
+    return KilledClone(root, events, log, sh(["dvc", "repro", *KILLED_STAGES], root, env))
 
-    final = sh(["dvc", "repro", *KILLED_STAGES], root, env)
+
+def test_killed_repro_resumes_to_the_same_hashes(tiny_pipeline: TinyRun, killed_clone: KilledClone) -> None:
+    """Every kill landed, and the run then finished gives the uninterrupted run's files, byte for byte."""
+    env = tiny_pipeline.env
+    root, events, log, final = killed_clone
+    assert all(e.killed for e in events), f"a run ended before its kill:\n{log}"
     print("after the kills, dvc repro ran:", sorted(ran_stages(final.stdout)))
     print("and said:", [line for line in (final.stdout + final.stderr).splitlines() if "had been killed" in line])
     status = sh(["dvc", "status", "--json", *KILLED_STAGES], root, env)
@@ -147,10 +152,9 @@ def test_killed_repro_resumes_to_the_same_hashes(tiny_pipeline: TinyRun, killed_
         + ("\n(dependencies differ too, so the fixture's copy was edited since its run:\n" + "\n".join(deps) + ")"
            if deps else "") + f"\n{log}"
     )
-    (root.parent / FINISHED).touch()
 
 
-def test_dvc_repro_killed_between_two_models(tiny_pipeline: TinyRun, killed_clone: Path) -> None:
+def test_dvc_repro_killed_between_two_models(tiny_pipeline: TinyRun, killed_clone: KilledClone) -> None:
     """`dvc repro --force --single-item train_export@torch` in the finished two-model clone reruns torch's stage,
     which trains both models in one process, and is killed while the second one trains, the first one's folder
     published: the first is complete (the same bytes again), the second absent (DVC removes a stage's outputs
@@ -159,8 +163,7 @@ def test_dvc_repro_killed_between_two_models(tiny_pipeline: TinyRun, killed_clon
     byte for byte. (Here, not on a copy of the seven-model run: torch's stage twice for two models instead of
     seven, about 30 s less; forced rather than made stale by an edit to torch's package, which would leave DVC
     restoring outputs from its cache once the edit is undone.)"""
-    root, env = killed_clone, tiny_pipeline.env
-    assert (root.parent / FINISHED).is_file(), "test_killed_repro_resumes_to_the_same_hashes did not finish the clone"
+    root, env = killed_clone.root, tiny_pipeline.env
     before = fingerprint(root)
     first, second = KILLED_MODELS
     forced = ["dvc", "repro", "--force", "--single-item", "train_export@torch"]

@@ -2,9 +2,9 @@
 during training, between two outputs, during the export's writes, just after its folder was published (and
 `dvc repro` itself while a framework's stage is between two models: test_lineage.py, on its two-model clone).
 Afterwards no lineage output (data/, artifacts/, reports/) is partial or mixed: a run folder is either the
-complete previous one, byte for byte, or
-absent (DVC removes a stage's outputs before it runs the stage), or complete and consistent with its own
-export.json; no *.tmp file lies among them; and the next `dvc repro` completes, with the validate stage passing.
+complete previous one, byte for byte, or absent (DVC removes a stage's outputs before it runs the stage), or
+complete and consistent with its own export.json; no *.tmp file lies among them; and the next `dvc repro`
+completes, with the validate stage passing.
 
 Direct kills run the stage as dvc.yaml does but with a changed learning rate, so that the new folder differs from
 the old one and a mix of the two could not pass for either.
@@ -14,12 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
-import signal
-import subprocess
-import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from integrity_support import VALIDATE, fingerprint, leftovers, train_export, tree
+from integrity_support import VALIDATE, Started, check_outputs, fingerprint, leftovers, train_export
 from pipelines import paths
 from support import TinyRun, ran_stages, replace_file, sh
 
@@ -39,59 +34,6 @@ class Run:
     root: Path
     env: dict[str, str]
     validated: set[str] = field(default_factory=set)  # validate_inputs() of every state validate passed on here
-
-
-class Started:
-    """A command started in its own session (process group), its stdout and stderr read as they come."""
-
-    def __init__(self, cmd: list[str], root: Path, env: dict[str, str]) -> None:
-        self.proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
-        self.chunks: list[bytes] = []
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        fd = self.proc.stdout.fileno()
-        while chunk := os.read(fd, 1 << 16):
-            self.chunks.append(chunk)
-
-    def output(self) -> str:
-        return b"".join(self.chunks).decode(errors="replace")
-
-    def kill_when(self, ready: Callable[[], bool], timeout: float = 300.0) -> None:
-        """SIGKILL the whole group as soon as `ready()`; fail if the command ended first (the point was missed)."""
-        deadline = time.monotonic() + timeout
-        while not ready():
-            if self.proc.poll() is not None:
-                self.reader.join(5)
-                pytest.fail(f"the command ended (exit {self.proc.returncode}) before the kill point:\n"
-                            f"{self.output()[-4000:]}")
-            if time.monotonic() > deadline:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                pytest.fail(f"no kill point within {timeout}s:\n{self.output()[-4000:]}")
-            time.sleep(0.002)
-        os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
-        self.reader.join(10)
-        assert self.proc.returncode == -signal.SIGKILL, self.output()[-4000:]
-        deadline = time.monotonic() + 30  # the others of the group die asynchronously (a big process takes a while)
-        while group_alive(self.proc.pid):
-            assert time.monotonic() < deadline, "a process of the killed group survived SIGKILL"
-            time.sleep(0.05)
-
-
-def group_alive(pgid: int) -> bool:
-    """Whether a live (not zombie) process is left in process group `pgid`."""
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-            return True
-    return False
 
 
 def staged(root: Path, name: str = "mlp") -> set[Path]:
@@ -113,42 +55,6 @@ def digest(path: Path) -> str | None:
         return hashlib.sha256(path.read_bytes()).hexdigest()
     except FileNotFoundError:
         return None
-
-
-def consistent(folder: Path) -> bool:
-    """A complete run folder: export.json records the sha256 of every other file in it, and each matches."""
-    record = folder / "export.json"
-    if not record.is_file():
-        return False
-    recorded = json.loads(record.read_text())["sha256"]
-    files = tree(folder)
-    files.pop("export.json")
-    return files == recorded
-
-
-def check_outputs(root: Path, before: dict[str, str], folders: dict[str, str]) -> dict[str, str]:
-    """No partial or mixed outputs: every file outside the run folders is as `before`; each run folder in `folders`
-    is in a state it allows ("old": byte-identical to before; "old|absent": that or gone; "complete": consistent
-    with its own export.json). Returns each folder's state."""
-    assert not leftovers(root), leftovers(root)
-    after = fingerprint(root)
-    outside = {k: v for k, v in after.items() if not any(k.startswith(f + "/") for f in folders)}
-    expected = {k: v for k, v in before.items() if not any(k.startswith(f + "/") for f in folders)}
-    assert outside == expected, sorted(k for k in outside.keys() | expected.keys() if outside.get(k) != expected.get(k))
-    states = {}
-    for folder, allowed in folders.items():
-        old = {k: v for k, v in before.items() if k.startswith(folder + "/")}
-        now = {k: v for k, v in after.items() if k.startswith(folder + "/")}
-        if now == old:
-            state = "old"
-        elif not (root / folder).exists():
-            state = "absent"
-        else:
-            assert consistent(root / folder), f"{folder}: neither the old folder nor a complete new one: mixed"
-            state = "complete"
-        assert state in allowed.split("|"), f"{folder}: {state}, allowed {allowed}"
-        states[folder] = state
-    return states
 
 
 def validate_inputs(root: Path) -> str:
