@@ -61,7 +61,7 @@ lint: $(VENV)/.installed
 lock-check: $(VENV)/.installed
 	python -m tooling.dvc_lock_check
 
-# The four model servers (README.md, "Serving") on 127.0.0.1, on the finished run's artifacts, until Ctrl-C: torch
+# The four model servers (docs/serving.md) on 127.0.0.1, on the finished run's artifacts, until Ctrl-C: torch
 # REST on SERVE_PORT and gRPC on SERVE_PORT+1, then tf (+2, +3), jax (+4, +5), onnx (+6, +7: ONNX_FROM's model.onnx).
 SERVE_PORT ?= 8500
 ONNX_FROM ?= torch

@@ -21,9 +21,9 @@ SAME_WORKER = {"tests/test_planted_porting_bugs.py": "tests/test_taps_localize.p
 # most files wait for it, so: first a file that asks for it at once (one worker makes it), then every file that
 # never needs it (the other worker runs them meanwhile), then the files that need it, the slowest first, so that
 # the two workers end close together. SLOWEST: the slowest files, slowest first, as a fresh clone's `make test`
-# measured them (at 9f21472: containers 408 s, the planted rounds 275 s, lineage 150 s, report 145 s, ...); only
-# their order is used. test_containers.py asks for the tiny run only once its images are built
-# (request.getfixturevalue), so no fixture list shows it: it is named here.
+# measures them (containers, the planted rounds, lineage, report, ...); only their order is used.
+# test_containers.py asks for the tiny run only once its images are built (request.getfixturevalue), so no fixture
+# list shows it: it is named here.
 STARTS_THE_TINY_RUN = "tests/test_planted_porting_bugs.py"
 NEEDS_THE_TINY_RUN_LATER = {"tests/test_containers.py"}
 SLOWEST = ["tests/test_containers.py", "tests/test_planted_porting_bugs.py", "tests/test_taps_localize.py",

@@ -1,7 +1,7 @@
 """The CUDA variant without a GPU.
 
 Always (fast): the CUDA locks are reconciled with the CPU ones (the same version of everything both install, one
-ONNX Runtime flavour per environment, onnxruntime-gpu's CUDA libraries present) and the README names the one
+ONNX Runtime flavour per environment, onnxruntime-gpu's CUDA libraries present) and containers/README.md names the one
 version that cannot match.
 
 Opt-in (ROSETTA_CUDA_TESTS=1, `make test-cuda`; several GB of wheels, so not in the default `make test`): builds
@@ -68,7 +68,7 @@ def test_onnx_runtime_versions_across_the_variants():
     for fw in FRAMEWORKS:
         assert pins(fw, "cuda")["onnxruntime"] == pins(fw, "cpu")["onnxruntime"]
     cpu, gpu = pins("validation", "cpu")["onnxruntime"], pins("validation", "cuda")["onnxruntime-gpu"]
-    # No onnxruntime-gpu of the CPU build's version is on PyPI: the README names the difference.
+    # No onnxruntime-gpu of the CPU build's version is on PyPI: containers/README.md names the difference.
     readme = (REPO / "containers/README.md").read_text()
     assert f"onnxruntime-gpu {gpu}" in readme and f"onnxruntime {cpu}" in readme
 

@@ -26,7 +26,7 @@ from support import TINY, TinyRun, copy_repo, merge
 
 FRAMEWORKS = ["torch", "tf", "jax"]
 DP_MODELS = TINY["data_parallel"]["models"]
-KILL_DEADLINE = 60.0  # seconds from the kill to the stage's exit, as the issue asks
+KILL_DEADLINE = 60.0  # seconds from the kill to the stage's exit: a dead worker is noticed promptly
 
 
 @pytest.mark.parametrize(("change", "message"), [

@@ -1,6 +1,6 @@
 """The instruction-set pins (pipelines/environments.py ISA_PINS and XLA's cap): every stage runs with them,
 whatever the caller's environment says, and a train_export run gives the same bytes with the host's own choice
-as with a cap below the floor set by the caller (README, "The same bytes on any CPU with AVX2").
+as with a cap below the floor set by the caller (docs/lineage.md, "The same bytes across CPUs").
 
 benchmarks/isa_pins.py shows, per runtime, that each switch is read (a cap below the floor, set inside the stage,
 changes that framework's bytes on this CPU): that is what makes the second test able to fail here."""

@@ -72,7 +72,7 @@ def test_manifest_starts_the_right_server(server: str, tmp_path: Path) -> None:
     assert {p["name"]: p["containerPort"] for p in spec["ports"]} == {"http": 8080, "grpc": 8081}
     variables = {item["name"]: item["value"] for item in spec["env"]}
     assert variables["STORAGE_URI"].startswith("pvc://") and variables["ROSETTA_ENV"] == env
-    # The module and everything it imports from us are where PYTHONPATH says, in the layout the README copies
+    # The module and everything it imports from us are where PYTHONPATH says, in the layout docs/serving.md copies
     # into the store (the checkout's own paths under /mnt/models).
     roots = [REPO / Path(p).relative_to(km.MODEL_DIR) for p in variables["PYTHONPATH"].split(":")]
     assert any((root / Path(*module.split("."))).with_suffix(".py").is_file() for root in roots), roots

@@ -240,7 +240,7 @@ def test_lock_check_names_the_stages_whose_params_changed(regenerated_run: Path,
 
 def test_lock_check_names_the_cpu_when_only_outputs_moved(regenerated_run: Path, tmp_path: Path) -> None:
     """Outputs that differ from the committed dvc.lock while their code, params and locks do not are what another
-    CPU gives (README, 'Lineage'): lock_check says so and names the stage, and stays green (the lock is in step);
+    CPU gives (docs/lineage.md): lock_check says so and names the stage, and stays green (the lock is in step);
     a stage whose code changed too is stale instead, and gets no such note."""
     root = copy_run(regenerated_run, tmp_path / "repo")
     env = orchestrator_env()

@@ -136,8 +136,8 @@ def test_artifacts_and_measurements_are_laid_out(tiny_pipeline: TinyRun) -> None
     for m in MODELS:
         for f in FRAMEWORKS:
             run = root / paths.run_dir(m, f)
-            # the measured null's replicates, for the models params.yaml lists (README, "What the validate stage
-            # checks"), beside the run's own files
+            # the measured null's replicates, for the models params.yaml lists (docs/judge.md), beside the run's
+            # own files
             replicated = m in yaml.safe_load((root / "params.yaml").read_text())["replicates"]["models"]
             expected = RUN_FILES | ({"replicates.json", "replicates.npz"} if replicated else set())
             assert {p.name for p in run.iterdir()} == expected, run

@@ -47,7 +47,7 @@ SCHEMA = DEPLOY / "schema" / "inferenceservice-v1beta1.json"
 SOURCE = DEPLOY / "schema" / "SOURCE.json"  # where the schema came from: URL, tag, commit, sha256 of the CRD file
 API_VERSION, KIND = "serving.kserve.io/v1beta1", "InferenceService"
 MODEL_DIR = "/mnt/models"  # where KServe's storage initializer puts (or, for pvc://, mounts) STORAGE_URI
-STORAGE_URI = "pvc://rosetta-store/rosetta"  # PVC rosetta-store, folder rosetta/: README.md, "Serving on KServe"
+STORAGE_URI = "pvc://rosetta-store/rosetta"  # PVC rosetta-store, folder rosetta/: docs/serving.md, "On KServe"
 HTTP_PORT, GRPC_PORT = 8080, 8081  # KServe's defaults for a ModelServer (its --http_port and --grpc_port)
 # Standard (KServe's raw Deployment + Service): the one mode that exposes both ports of a container; Knative takes
 # exactly one port per container, so gRPC would be unreachable there.

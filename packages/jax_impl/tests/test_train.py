@@ -40,7 +40,7 @@ def _updates(tx: optax.GradientTransformation, grad: np.ndarray) -> list[np.ndar
 def test_torch_adam_bias_corrections_are_float64_where_optax_adam_is_float32() -> None:
     """A constant gradient keeps m and v free of cancellation, so what remains of the update's error is the
     bias corrections: torch_adam's float64 table is ~1e-7 off the float64 update, optax.adam's ~1e-5 (the
-    README's parity table; if optax ever computes them in float64, torch_adam can go)."""
+    parity table in docs/conventions.md; if optax ever computes them in float64, torch_adam can go)."""
     spec = AdamSpec(learning_rate=1e-3)
     grad = np.random.default_rng(0).uniform(0.5, 2.0, size=256).astype(np.float32)
     ours = _updates(jax_train.torch_adam(spec, STEPS), grad)

@@ -42,7 +42,7 @@ from rosetta_tf.export import SAVED_MODEL_DIR
 ARCH = "text_transformer"
 FORWARD_ABS = Spec().tolerances.forward_parity_abs
 TAP_ABS = FORWARD_ABS  # the conformance suite's bound for every tap
-FAR = 100 * FORWARD_ABS  # what a planted mistake must miss the reference by (the bar)
+FAR = 100 * FORWARD_ABS  # what a planted mistake must miss the reference by (the suite's bar)
 train_module = sys.modules["rosetta_tf.train"]  # the package re-exports train(), which shadows the module's name
 
 

@@ -115,7 +115,7 @@ def test_fit_equals_plain_loop_on_the_plans_batches(arch: str, optimizer: str) -
         np.testing.assert_array_equal(ours[name], theirs[name], err_msg=name)
 
 
-# The "slows down after ~10 epochs" suspects (issue "Performance", item 2), pinned as mechanisms rather than timed:
+# The suspects for "training slows down after ~10 epochs", pinned as mechanisms rather than timed:
 # a step's cost can grow with training only if the step is retraced as it goes, or if Adam's decaying moments
 # turn subnormal (a CPU handles those ~100x slower). Neither happens: see the two tests below.
 

@@ -43,7 +43,7 @@ from rosetta_torch.weights import IN_PROJ, torch_name
 ARCH = "text_transformer"
 TOLERANCES = Spec().tolerances
 FORWARD_ABS = TOLERANCES.forward_parity_abs
-PLANTED_FACTOR = 100  # a planted mistake must miss the reference by this many tolerances at least (issue #24)
+PLANTED_FACTOR = 100  # a planted mistake must miss the reference by this many tolerances at least
 LENGTHS = (1, 2, 5, MAX_LENGTH)
 
 
