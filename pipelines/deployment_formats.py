@@ -6,8 +6,8 @@ a pure function of this module (no measurement in it). Numpy-free and import-lig
 
 "Verified" means this repository shows it: benchmarks/deployment.py loads and runs the file in a fresh process
 that imports only what `imports` names (it records the modules it found loaded), and Rosetta's own server for it
-(README, "Serving") answers bit for bit as the same export run in process. Everything else is documented by the
-source linked; none of those servers was run here.
+(docs/serving.md) answers bit for bit as the same export run in process. Everything else is documented by the
+source linked; none of those servers is run by Rosetta.
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ FORMATS: tuple[Format, ...] = (
     ),
 )
 
-# Not measured, and why (the reference article compares ONNX, TorchScript and SavedModel).
+# Not measured, and why (TorchScript is the format users compare with ONNX and SavedModel).
 NOT_MEASURED = {
     "torchscript": "deprecated since PyTorch 2.x in favour of torch.export, which Rosetta exports (model.pt2); and "
                    "a TorchScript archive is a zip of pickles (data.pkl, constants.pkl), which Rosetta never ships",

@@ -117,7 +117,7 @@ def thread_environment(base: dict[str, str]) -> dict[str, str]:
                     f"--xla_cpu_max_isa={ISA_FLOOR}"])
     # MKL (torch's BLAS) by Intel's own rules for reproducible results ("conditional numerical reproducibility"):
     # MKL_DYNAMIC off, so that a call always runs on the threads asked for, and one code path whatever the memory
-    # alignment; the code path is the floor's (ISA_PINS). It costs nothing measurable here (torch epochs of mlp, cnn
+    # alignment; the code path is the floor's (ISA_PINS). It costs nothing measurable (torch epochs of mlp, cnn
     # and attention side by side: within noise). The one run-to-run difference found in torch came from elsewhere:
     # see rosetta_torch.make_optimizer.
     # TF's oneDNN kernels off: on an AVX-512 EPYC with 2 threads (capped at AVX2 or not), TF's resnet trained
@@ -132,8 +132,8 @@ def thread_environment(base: dict[str, str]) -> dict[str, str]:
 # targets, so that the same code, params, locks and data give the same bytes on any x86-64 CPU with AVX2 (an AVX-512
 # CPU otherwise runs other kernels: other last bits, and training that parts elsewhere). benchmarks/isa_pins.py
 # measures, per runtime, that the switch is read (a cap below the floor changes that framework's bytes) and what the
-# cap costs. XLA's cap is in thread_environment's XLA_FLAGS. ONNX Runtime's MLAS has no such switch: README.md,
-# "Lineage", says which outputs depend on it.
+# cap costs. XLA's cap is in thread_environment's XLA_FLAGS. ONNX Runtime's MLAS has no such switch: docs/lineage.md
+# says which outputs depend on it.
 ISA_FLOOR = "AVX2"
 ISA_PINS = {
     "ONEDNN_MAX_CPU_ISA": ISA_FLOOR,  # oneDNN: torch's convolutions, TF's convolutions and matmuls, XLA's calls to it

@@ -100,7 +100,7 @@ def metrics(model: str, framework: str) -> Path:
 
 
 # Files that cannot be made to repeat byte for byte: kept out of the hashed lineage (.dvcignore lists the same
-# pattern, export.json does not hash them, and the README says why).
+# pattern, export.json does not hash them, and docs/lineage.md says why).
 UNHASHED: tuple[str, ...] = ()
 
 

@@ -40,7 +40,7 @@ from rosetta_common.errors import RosettaError
 from rosetta_common.serving import served_models
 
 HOST = "127.0.0.1"
-# Server -> (environment, module). The order fixes the ports of `--port BASE`; README.md, "Serving", lists them.
+# Server -> (environment, module). The order fixes the ports of `--port BASE`; docs/serving.md lists them.
 SERVERS: dict[str, tuple[str, str]] = {
     "torch": ("torch", "rosetta_torch.serve"),
     "tf": ("tf", "rosetta_tf.serve"),

@@ -1,7 +1,7 @@
 """Data-parallel training, the framework-neutral part: who a worker is, and which rows of a batch are its own.
 
 Every framework's engine is started from the variables its own launcher sets, so that a worker started by
-Rosetta's launcher and one started by hand on another host (README, "Two hosts") are the same program:
+Rosetta's launcher and one started by hand on another host (docs/data-parallel.md, "Two hosts") are the same program:
 
 - torch: `torch.distributed` (gloo on CPU, NCCL on GPU) with DDP; `MASTER_ADDR`, `MASTER_PORT`, `RANK`,
   `WORLD_SIZE` (what `torchrun` sets);

@@ -1,7 +1,7 @@
 """The meaning of each optimizer, written once in numpy: the reference all three frameworks must match.
 
 PyTorch's `torch.optim.Adam` / `SGD(momentum=...)` compute exactly this. Mismatches found and how each
-package reconciles them (measured and documented in the README's parity section):
+package reconciles them (documented in docs/conventions.md):
 - Keras' `keras.optimizers.Adam` adds epsilon to sqrt(v) *before* the bias correction ("epsilon hat")
   and defaults to epsilon=1e-7; torch and optax add it after, default 1e-8. rosetta_tf uses a small
   Keras optimizer with this module's formula.

@@ -574,7 +574,7 @@ class _ClientErrorsInOneLine(logging.Filter):
 @functools.cache
 def _server_class() -> type:
     """KServe's ModelServer with its own REST and gRPC servers, V1 and V2 handlers, error types and status codes,
-    changed only where the issue asks for more: REST and gRPC bind 127.0.0.1 (KServe binds every interface); a
+    changed only where Rosetta asks for more: REST and gRPC bind 127.0.0.1 (KServe binds every interface); a
     REST body or a gRPC message above the size limit is refused; a request that is not what its protocol takes is
     400 and one line naming the field (FastAPI's default for a V2 body is 422 with a list of errors, KServe's for
     a V1 body that is not JSON names no field); an unknown model's 404 / NOT_FOUND names the models served. Built

@@ -356,7 +356,7 @@ class ReplicatesSpec(_Section):
 
     count: Annotated[int, Field(ge=0, le=50)] = 10
     # The models that train them: those whose runs part and whose end-of-training figures then miss their float32
-    # bounds (measured, README "What the validate stage checks"). Any other model that parts and misses a bound
+    # bounds (measured; docs/judge.md). Any other model that parts and misses a bound
     # fails, naming this list: the list can only be too short to pass, never make a check pass.
     models: list[Architecture] = []
 

@@ -101,7 +101,7 @@ class SelfAttention(nn.Module):
             return t.view(batch, tokens, self.num_heads, embed // self.num_heads).transpose(1, 2)
 
         q, k, v = split(self.query(x)), split(self.key(x)), split(self.value(x))
-        # Written out with tensor ops, as the reference article does, rather than F.scaled_dot_product_attention:
+        # Written out with tensor ops rather than F.scaled_dot_product_attention:
         # the reader sees the same four steps as in the Keras and Flax files.
         scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
         attended = scores.softmax(dim=-1) @ v

@@ -239,7 +239,7 @@ def _planted(arch: str, mistake: str, config: ModelConfig, weights: Weights, ima
     return forward(config, w, images), {}
 
 
-# The ways a text model's padding goes wrong between frameworks (README "Parity, convention by convention"). The
+# The ways a text model's padding goes wrong between frameworks (docs/conventions.md). The
 # inputs they are planted on have padding in every row (the last position), so that each one shows; the inverted mask
 # then leaves every row some key to attend.
 TEXT_MISTAKES = ("mask_polarity_inverted", "padding_attended", "padding_pooled", "pad_row_reserved_by_shift")
