@@ -1,5 +1,5 @@
 """The documentation names only what exists: every repository path, Python module, `make` target and params.yaml
-key that README.md, CONTRIBUTING.md and docs/*.md name, and every relative link they make. Fast: it reads files,
+key that README.md, docs/*.md and the other guides (DOCS) name, and every relative link they make. Fast: it reads files,
 imports nothing of ours and runs no pipeline.
 
 What counts as a name (strict where a name is unambiguous, silent where prose could only guess):
@@ -37,11 +37,13 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
-DOCS = sorted([REPO / "README.md", REPO / "CONTRIBUTING.md", *(REPO / "docs").glob("*.md")])
+DOCS = sorted([*(REPO / name for name in ("README.md", "CONTRIBUTING.md", "CHANGELOG.md", "tests/README.md",
+                                          "benchmarks/README.md", "containers/README.md")),
+               *(REPO / "docs").glob("*.md")])
 
 # What a run or a build writes: ignored by git (.gitignore), so a fresh clone has none of it.
 OUTPUT_ROOTS = {"artifacts", "reports", "measurements", ".rosetta", ".envs", ".venv", "metrics", "plots"}
-OUTPUT_PREFIXES = ("data/prepared",)
+OUTPUT_PREFIXES = ("data/prepared", "containers/wheelhouse")
 MODULE_ROOTS = ("pipelines", "tooling", "benchmarks", "rosetta_common", "rosetta_torch", "rosetta_tf",
                 "rosetta_jax")
 # A path starting with one of these is always looked up; another only where its first component exists (at one of
