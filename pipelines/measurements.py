@@ -66,7 +66,11 @@ DEPLOYMENT = ROOT / "deployment.json"
 # "in_process_p50_ms", "overhead_ratio", "overhead_ms", "server_cpu_cores", "client_cpu_cores", ...}, ...], ...};
 # the report shows settings, shares, machine and rows (timings.js).
 SERVING_LOAD = ROOT / "serving_load.json"
-NOT_RUNS = (METRICS.name, STAGES.name)  # folders under ROOT that hold no per-run record
+# The resource probe's records (pipelines/resources.py), one per process group that was watched:
+# resources/<name>.json = {"name", "what", "processes": {process: summarize()'s record}}, written by the
+# train_dp stage (its workers) and benchmarks/serving_load.py (its servers under load); timings.js carries them.
+RESOURCES = ROOT / "resources"
+NOT_RUNS = (METRICS.name, STAGES.name, RESOURCES.name)  # folders under ROOT that hold no per-run record
 
 
 def record_path(model: str, framework: str, root: Path = ROOT) -> Path:
@@ -96,6 +100,36 @@ def read_all(root: Path = ROOT) -> dict[str, dict[str, Any]]:
 def read_stages(root: Path = ROOT) -> dict[str, dict[str, Any]]:
     """Stage name -> its record, for every readable stage record under `root`."""
     return {p.stem: rec for p, rec in _read_records(sorted((root / STAGES.name).glob("*.json"))).items()}
+
+
+def read_resources(root: Path = ROOT) -> dict[str, dict[str, Any]]:
+    """Record name -> the resource probe's record, for every readable one under `root`."""
+    return {p.stem: rec for p, rec in _read_records(sorted((root / RESOURCES.name).glob("*.json"))).items()}
+
+
+def write_resources(name: str, what: str, processes: dict[str, dict[str, Any]], root: Path = ROOT) -> None:
+    """Write the probe's summaries of one group of processes (a stage's workers, a benchmark's servers), then
+    regenerate the aggregates."""
+    write_text(root / RESOURCES.name / f"{name}.json", dumps({"name": name, "what": what, "processes": processes}))
+    refresh(root)
+
+
+def worker_resources_dir(stage: str, root: Path = ROOT) -> Path:
+    """Where each worker of `stage` leaves its own probe record until the stage gathers them."""
+    return root / RESOURCES.name / stage
+
+
+def write_worker_resources(stage: str, rank: int, record: dict[str, Any], root: Path = ROOT) -> None:
+    write_text(worker_resources_dir(stage, root) / f"worker{rank}.json", dumps(record))
+
+
+def gather_worker_resources(stage: str, what: str, root: Path = ROOT) -> dict[str, dict[str, Any]]:
+    """The workers' probe records of `stage` as one record, "worker <rank>" -> summary (written, then returned)."""
+    found = _read_records(sorted(worker_resources_dir(stage, root).glob("worker*.json"),
+                                 key=lambda p: int(p.stem.removeprefix("worker"))))
+    processes = {f"worker {p.stem.removeprefix('worker')}": rec for p, rec in found.items()}
+    write_resources(stage, what, processes, root)
+    return processes
 
 
 def throughput_table(root: Path = ROOT) -> dict[str, Any] | None:
@@ -180,7 +214,8 @@ def refresh(root: Path = ROOT) -> None:
                + "window.ROSETTA_CPU = " + json.dumps(machine, sort_keys=True) + ";\n"
                + "window.ROSETTA_THROUGHPUT = " + json.dumps(throughput_table(root), sort_keys=True) + ";\n"
                + "window.ROSETTA_DEPLOYMENT = " + json.dumps(deployment_table(root), sort_keys=True) + ";\n"
-               + "window.ROSETTA_SERVING_LOAD = " + json.dumps(serving_load_table(root), sort_keys=True) + ";\n")
+               + "window.ROSETTA_SERVING_LOAD = " + json.dumps(serving_load_table(root), sort_keys=True) + ";\n"
+               + "window.ROSETTA_RESOURCES = " + json.dumps(read_resources(root), sort_keys=True) + ";\n")
     rows = ["case,native_over_onnx,native_ms,onnx_ms"]
     for key, rec in records.items():
         for r in rec.get("latency", {}).get("results", []):

@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 # Top-level package -> the folder that holds it (rosetta_<framework> from the environments' member folders).
 ROOTS = {"pipelines": REPO, **{p.name: p.parent for p in sorted(REPO.glob("packages/*/src/rosetta_*"))}}
 # Timings, throughputs, latencies: written to measurements/, never to a stage's output, so not lineage.
-MEASUREMENT_ONLY = frozenset({"pipelines.measurements", "pipelines.latency"})
+MEASUREMENT_ONLY = frozenset({"pipelines.measurements", "pipelines.latency", "pipelines.resources"})
 # Imports made by name at run time, which ast cannot see: the framework package a stage loads for its framework.
 RUNTIME_IMPORTS = {"rosetta_common.interface": "rosetta_{framework}"}
 # Modules a stage's code starts as processes of their own, named in a table ast does not read as imports: the model

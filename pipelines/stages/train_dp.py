@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import uuid
 
-from pipelines import paths, workers
+from pipelines import measurements, paths, resources, workers
 from pipelines.environments import thread_environment
 from pipelines.stages import StageError, stage_main
 from pipelines.stages.common import DP_OUT_VARIABLE
@@ -51,6 +52,7 @@ def main(argv: list[str]) -> int:
                DP_OUT_VARIABLE: str(out.resolve())}
         print(f"{where}: {dp.workers} workers ({runtime}), {threads} thread(s) each: {', '.join(dp.models)}",
               flush=True)
+        shutil.rmtree(measurements.worker_resources_dir(where), ignore_errors=True)  # a former run's records
         if runtime == "container":
             started, cleanup = workers.start_containers(fw, dp.workers, dp.timeout_seconds, env,
                                                         uuid.uuid4().hex[:8], module=args.worker)
@@ -64,6 +66,11 @@ def main(argv: list[str]) -> int:
         finally:
             if cleanup:
                 workers.run_quietly(cleanup)
+        # Each worker probed itself from its engine's start to its last model (pipelines/resources.py).
+        probed = measurements.gather_worker_resources(
+            where, f"{dp.workers} data-parallel workers ({runtime}): {', '.join(dp.models)}")
+        for name, record in probed.items():
+            print(f"{where}: {name}: {resources.describe(record)}", flush=True)
         missing = [arch for arch in dp.models if not (out / arch / "trained.safetensors").is_file()]
         if missing:
             raise StageError(f"{where}: rank 0 wrote no run for {', '.join(missing)}")

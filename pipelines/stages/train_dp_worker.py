@@ -17,7 +17,7 @@ import time
 from contextlib import nullcontext
 from pathlib import Path
 
-from pipelines import measurements, paths
+from pipelines import measurements, paths, resources
 from pipelines.stages import IMPORTS_STARTED, check_environment, stage_main
 from pipelines.stages.common import (
     DP_OUT_VARIABLE,
@@ -46,6 +46,7 @@ def main(argv: list[str]) -> int:
     clock.lap("framework_import")
     backend.start_worker(cluster)
     clock.lap("engine_start")
+    probe = resources.Probe(os.getpid()).start()  # the engine is up: from here on a steady worker stays flat
     given = os.environ.get(DP_OUT_VARIABLE)
     publish = nullcontext(Path(given)) if given else staged_outputs(paths.data_parallel_dir(fw))
     with publish if cluster.is_chief else nullcontext(None) as out:
@@ -75,7 +76,9 @@ def main(argv: list[str]) -> int:
                 "model_seconds": time.time() - started,
             })
             print(f"train_dp: {fw}/{job.arch} on {cluster.world} workers -> {run}", flush=True)
+    record = resources.summarize(probe.stop())
     backend.stop_worker()
+    measurements.write_worker_resources(f"train_dp@{fw}", cluster.rank, record)
     if cluster.is_chief:
         measurements.write_stage(clock.record(models=[job.arch for job in jobs], workers=cluster.world))
     return 0

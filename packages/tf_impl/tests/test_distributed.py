@@ -83,6 +83,37 @@ def test_a_start_up_failure_is_one_line_naming_the_address_and_bounded(start_fai
     assert result["seconds"] < START_BOUND, f"{case}: {result['seconds']:.1f} s"
 
 
+# A collective that never completes (a group of two with one member), under the run's watchdog: in a process of
+# its own, since aborted collectives stay aborted in a process.
+STUCK_COLLECTIVE = """
+import json, time
+import tensorflow as tf
+from rosetta_tf.distributed import Watchdog
+
+start = time.monotonic()
+try:
+    with Watchdog(2.0, "mlp on worker 0"):
+        tf.raw_ops.CollectiveReduceV2(input=tf.constant([1.0]), group_size=tf.constant(2), group_key=tf.constant(1),
+                                      instance_key=tf.constant(1), ordering_token=[], merge_op="Add", final_op="Id")
+    found = {"error": None}
+except tf.errors.OpError as error:
+    found = {"error": type(error).__name__, "message": error.message, "seconds": time.monotonic() - start}
+print("RESULT " + json.dumps(found), flush=True)
+"""
+
+
+def test_the_watchdog_ends_a_collective_that_never_completes() -> None:
+    """The step's bound without a timed collective (whose thread per collective leaks): one watchdog thread."""
+    run = subprocess.run([sys.executable, "-c", STUCK_COLLECTIVE], env=os.environ.copy(), capture_output=True,
+                         text=True, timeout=PROCESS_BOUND)
+    lines = [line for line in run.stdout.splitlines() if line.startswith("RESULT ")]
+    assert run.returncode == 0 and lines, f"exit {run.returncode}:\n{run.stderr[-4000:]}"
+    found = json.loads(lines[-1].removeprefix("RESULT "))
+    assert found["error"] == "DeadlineExceededError", found
+    assert "mlp on worker 0: no step finished within 2 s" in found["message"], found
+    assert 2.0 <= found["seconds"] < 2.0 + 5.0, found  # the bound, plus at most the watchdog's poll and TF's abort
+
+
 def test_training_before_start_worker_is_refused() -> None:
     data = learnable_data()
     config = small_config("mlp")

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import re
 import socket
+import threading
 import time
 from typing import Any
 
@@ -96,11 +97,12 @@ def start_worker(cluster: Cluster) -> None:
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
         tf.train.ClusterSpec({JOB: list(cluster.addresses)}), task_type=JOB, task_id=cluster.rank, rpc_layer="grpc",
         num_accelerators=gpus)
-    # RING: the gRPC collectives, which run on CPU (NCCL needs GPUs). timeout_seconds bounds every collective, so
-    # a peer that died or hangs makes the others fail instead of waiting forever.
+    # RING: the gRPC collectives, which run on CPU (NCCL needs GPUs). No timeout_seconds: TF arms each timed
+    # collective with a thread of its own that sleeps out the whole timeout (base_collective_executor.cc), so a
+    # run of a few hundred steps a second held tens of thousands of threads until thread creation failed. A peer
+    # that died or hangs is caught by the coordination service's heartbeat and by the run's Watchdog instead.
     options = tf.distribute.experimental.CommunicationOptions(
-        implementation=tf.distribute.experimental.CommunicationImplementation.RING,
-        timeout_seconds=cluster.timeout_seconds)
+        implementation=tf.distribute.experimental.CommunicationImplementation.RING)
     where = f"tf data-parallel worker {cluster.rank} of {cluster.world} ({', '.join(cluster.addresses)})"
     try:
         _STRATEGY = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver,
@@ -184,15 +186,17 @@ def train_data_parallel(config: ModelConfig, weights: Weights, plan: TrainPlan, 
     epoch_seconds: list[float] = []
     start = time.perf_counter()
     try:
-        for epoch in range(plan.epochs):
-            epoch_start = time.perf_counter()
-            for _ in range(plan.steps_per_epoch):
-                batch = next(batches)
-                inputs = strategy.experimental_distribute_values_from_function(lambda _, batch=batch: batch)
-                losses.append(float(np.float32(train_step(inputs))))
-                bar.update(1)
-            epoch_seconds.append(time.perf_counter() - epoch_start)
-            bar.set_postfix(epoch=epoch + 1, loss=f"{losses[-1]:.4f}")
+        with Watchdog(cluster.timeout_seconds, f"{plan.arch} on worker {cluster.rank}") as watchdog:
+            for epoch in range(plan.epochs):
+                epoch_start = time.perf_counter()
+                for _ in range(plan.steps_per_epoch):
+                    batch = next(batches)
+                    inputs = strategy.experimental_distribute_values_from_function(lambda _, batch=batch: batch)
+                    losses.append(float(np.float32(train_step(inputs))))
+                    watchdog.beat()
+                    bar.update(1)
+                epoch_seconds.append(time.perf_counter() - epoch_start)
+                bar.set_postfix(epoch=epoch + 1, loss=f"{losses[-1]:.4f}")
     except PEER_ERRORS as error:
         raise DistributedError(f"tf data-parallel worker {cluster.rank}: {plan.arch} step {len(losses) + 1} of "
                                f"{plan.num_steps}: a peer failed or did not answer within "
@@ -204,6 +208,42 @@ def train_data_parallel(config: ModelConfig, weights: Weights, plan: TrainPlan, 
     # exports trace.
     local = build(config, to_canonical(model))
     return local, train_result(plan, losses, seconds, epoch_seconds, workers=cluster.world, engine=ENGINE)
+
+
+class Watchdog:
+    """One thread per training run that aborts TF's collectives when no step has finished for `seconds`.
+
+    What CommunicationOptions(timeout_seconds=...) would do, without its thread per collective: a step stuck on a
+    peer that hangs (alive to the coordination service's heartbeat, but never joining the all-reduce) fails with
+    DEADLINE_EXCEEDED after `seconds` instead of waiting forever. Aborted collectives stay aborted in this
+    process, which then ends with the error.
+    """
+
+    def __init__(self, seconds: float, what: str) -> None:
+        self.seconds, self.what = seconds, what
+        self._last = time.monotonic()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="rosetta-tf-watchdog", daemon=True)
+
+    def __enter__(self) -> Watchdog:
+        self._last = time.monotonic()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def beat(self) -> None:
+        """A step finished: the next one has `seconds` again."""
+        self._last = time.monotonic()
+
+    def _watch(self) -> None:
+        while not self._done.wait(min(1.0, self.seconds / 4)):
+            if time.monotonic() - self._last > self.seconds:
+                context.context().abort_collective_ops(
+                    tf.errors.DEADLINE_EXCEEDED, f"{self.what}: no step finished within {self.seconds:g} s")
+                return
 
 
 def stop_worker() -> None:
