@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"note: the outputs of {', '.join(moved)} differ from the committed dvc.lock although their code, "
               f"params and locks do not: the CPU is the cause (this one: {machine['model']}, "
               f"{' '.join(machine['isa']) or 'no flags read'}); oneDNN, MKL, XLA, OpenBLAS and ONNX Runtime choose "
-              "kernels by instruction set: README.md, 'Lineage'", file=sys.stderr)
+              "kernels by instruction set: docs/lineage.md, 'The same bytes across CPUs'", file=sys.stderr)
     return 0
 
 

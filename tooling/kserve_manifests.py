@@ -160,7 +160,7 @@ def manifest(server: str) -> dict[str, Any]:
 
 def render(server: str) -> str:
     header = (f"# The {server} server as a KServe InferenceService. Written by `python -m tooling.kserve_manifests "
-              "write`; do not edit.\n# Deploying it: README.md, \"Serving on KServe\".\n")
+              "write`; do not edit.\n# Deploying it: docs/serving.md, \"On KServe\".\n")
     return header + yaml.safe_dump(manifest(server), sort_keys=False, width=120)
 
 

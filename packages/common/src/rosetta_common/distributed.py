@@ -100,7 +100,7 @@ class Cluster:
         if missing:
             raise DistributedError(
                 f"{framework} data-parallel worker: {', '.join(missing)} not set "
-                f"(set {', '.join(ENGINE_VARIABLES[framework])}; README, 'Two hosts')"
+                f"(set {', '.join(ENGINE_VARIABLES[framework])}; docs/data-parallel.md, 'Two hosts')"
             )
         timeout = _number(env, TIMEOUT_VARIABLE, float, str(DEFAULT_TIMEOUT))
         if framework == "torch":
