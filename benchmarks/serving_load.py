@@ -4,6 +4,8 @@ same export called in process.
     .venv/bin/python benchmarks/serving_load.py                  # cnn, all four, V2 REST and gRPC: 11 min, 2 busy cores
     .venv/bin/python benchmarks/serving_load.py --models mlp cnn --servers torch onnx --protocols v2-rest \
         --concurrency 1 4 --batches 1 --max-requests 200 --max-seconds 2
+    .venv/bin/python benchmarks/serving_load.py --models mlp --concurrency 1 4 --batches 1 --max-requests 2500 \
+        --max-seconds 600 --bad-every 10      # 10,000 requests per server, a tenth of them bad: resources flat?
 
 A benchmark, not a test: its numbers are reported, never asserted. On a finished run's artifacts (--artifacts,
 default artifacts/) it starts the servers once with pipelines.serving (free ports on 127.0.0.1; stopped at the end,
@@ -27,6 +29,11 @@ answer), errors, the in-process p50 of the same batch, the overhead (served p50 
 difference in ms), and the CPU the server and the client used (cores: CPU seconds over wall seconds). Client and
 servers share this machine's cores: at C=16 on 2 cores the client's own CPU is part of what is measured, which is
 why it is reported.
+
+While the client runs, each server's threads, open descriptors and memory are sampled (pipelines/resources.py), and
+each server gets a verdict: flat, or what the last round added over the first (the client runs the rounds one after
+the other, so each half of the burst asks the same of every server). `--bad-every N` makes every Nth request of a
+client worker a bad one, which must be refused with the protocol's error: a burst of good and bad requests alike.
 
 Writes measurements/serving_load.json (measurements/ is git- and DVC-ignored: timings are not lineage; its form is
 pipelines.measurements.SERVING_LOAD's), prints the table, and regenerates measurements/timings.js, so the report's
@@ -90,7 +97,8 @@ def summarize(slices: list[dict[str, Any]], in_process: dict[tuple[str, int], di
         server_cpu = [part["server_cpu_seconds"] for part in parts]
         rows.append({
             "model": model, "server": server, "protocol": protocol, "batch": batch, "concurrency": concurrency,
-            "requests": len(latencies), "errors": sum(part["errors"] for part in parts),
+            "requests": len(latencies), "refused": sum(part.get("refused", 0) for part in parts),
+            "errors": sum(part["errors"] for part in parts),
             "error_examples": list(dict.fromkeys(e for part in parts for e in part["error_examples"]))[:5],
             "seconds": seconds,
             "requests_per_second": len(latencies) / seconds if seconds else None,
@@ -153,6 +161,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-seconds", type=float, default=MAX_SECONDS,
                         help="seconds per server and cell, over all rounds (default %(default)s)")
     parser.add_argument("--rounds", type=int, default=ROUNDS, help="turns of every server per cell (default 2)")
+    parser.add_argument("--bad-every", type=int, default=0, metavar="N",
+                        help="every Nth request of a client worker is a bad one, to be refused (default: none)")
     parser.add_argument("--onnx-from", default="torch", help="whose model.onnx the onnx server serves")
     parser.add_argument("--threads", default=DEFAULT_THREADS,
                         help="ROSETTA_THREADS of the servers and the in-process calls (default: %(default)s)")
@@ -171,6 +181,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    "and at least one request per round")
     if not args.threads.isdigit() or not 1 <= int(args.threads) <= 64:
         raise fail(f"--threads {args.threads}: not allowed; allowed: a whole number from 1 to 64")
+    if not 0 <= args.bad_every <= 1000 or args.bad_every == 1:
+        raise fail(f"--bad-every {args.bad_every}: not allowed; allowed: 0 (none) or 2 to 1000")
     if not 0 < args.max_seconds <= 600:
         raise fail(f"--max-seconds {args.max_seconds:g}: not allowed; allowed: more than 0, at most 600")
     return args
@@ -226,7 +238,7 @@ def measure_in_process(servers: list[Any], model: str, batch_paths: dict[str, st
 
 
 def run(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
-    from pipelines import serving
+    from pipelines import resources, serving
 
     batch_paths = batches(args.data, args.batches, scratch)
     for model in args.models:
@@ -234,7 +246,7 @@ def run(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
             folder = serving.served_folder(name, args.artifacts, args.onnx_from) / model
             if not folder.is_dir():
                 raise fail(f"--models {model}: {folder} is missing; allowed: a model of the finished run")
-    rows, in_process_rows, warmup_errors = [], [], {}
+    rows, in_process_rows, warmup_errors, probed = [], [], {}, {}
     load = {"before": os.getloadavg()}
     started = time.perf_counter()
     with serving.running(args.servers, args.artifacts, args.models, onnx_from=args.onnx_from,
@@ -247,19 +259,27 @@ def run(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
             job = {"servers": {s.name: {"url": s.url, "grpc": s.grpc_target, "pid": s.process.pid} for s in servers},
                    "model": model, "batches": batch_paths, "protocols": args.protocols,
                    "concurrency": args.concurrency, "max_requests": args.max_requests,
-                   "max_seconds": args.max_seconds, "rounds": args.rounds}
-            result = in_environment("validation", "benchmarks.serving_load_client", job, scratch, f"client-{model}")
+                   "max_seconds": args.max_seconds, "rounds": args.rounds, "bad_every": args.bad_every}
+            # Each server's threads, descriptors and memory while the client runs (pipelines/resources.py).
+            probes = {s.name: resources.Probe(s.process.pid).start() for s in servers}
+            try:
+                result = in_environment("validation", "benchmarks.serving_load_client", job, scratch,
+                                        f"client-{model}")
+            finally:
+                for name, probe in probes.items():
+                    probed[f"{name} ({model})"] = resources.summarize(probe.stop())
             warmup_errors[model] = {k: v for k, v in result["warmup_errors"].items() if v}
             rows += summarize(result["slices"], in_process, model)
     load["after"] = os.getloadavg()
     return {"rows": rows, "in_process": in_process_rows, "warmup_errors": warmup_errors, "load_average": load,
-            "ready_seconds": ready}
+            "ready_seconds": ready, "resources": probed}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     sys.path.insert(0, str(REPO))  # run as a script: pipelines and rosetta_common from this checkout
     args = parse_args(argv)
-    from pipelines.measurements import cpu
+    from pipelines.measurements import cpu, write_resources
+    from pipelines.resources import describe
     from rosetta_common.io import write_text
 
     started = time.perf_counter()
@@ -281,13 +301,15 @@ def main(argv: Sequence[str] | None = None) -> int:
               "(server cores and client cores: CPU seconds over wall seconds).")
     print(report)
     print(shares)
+    for name, record in found["resources"].items():
+        print(f"{name}: {describe(record)}")
     errors = sum(r["errors"] for r in found["rows"])
     if errors or any(found["warmup_errors"].values()):
         print(f"errors: {errors} counted requests failed; warm-up failures: {found['warmup_errors']}")
     settings = {"models": args.models, "servers": args.servers, "protocols": args.protocols,
                 "concurrency": args.concurrency, "batches": args.batches, "max_requests": args.max_requests,
                 "max_seconds": args.max_seconds, "rounds": args.rounds, "onnx_from": args.onnx_from,
-                "threads": args.threads,
+                "threads": args.threads, "bad_every": args.bad_every,
                 "bounds": f"per server and cell: at most {args.max_requests} counted requests and "
                           f"{args.max_seconds:g} s, over {args.rounds} rounds (whichever first; requests in flight "
                           "at the time bound finish)",
@@ -301,9 +323,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "machine": {**cpu(), "load_average": found["load_average"]},
         "ready_seconds": found["ready_seconds"], "in_process": found["in_process"],
         "warmup_errors": found["warmup_errors"], "rows": found["rows"], "table": report,
+        "resources": found["resources"],
         "seconds": time.perf_counter() - started,
     }, indent=1, allow_nan=False) + "\n")
     if args.out.resolve() == OUT:  # the report's Serving section shows it, through timings.js
+        write_resources("serving_load", f"model servers under load: {', '.join(args.servers)}, "
+                        f"{', '.join(args.protocols)}; bad requests: every {args.bad_every or 'none'}",
+                        found["resources"], root=OUT.parent)
         subprocess.run([sys.executable, "-m", "pipelines.measurements"], cwd=REPO, check=True)
     print(f"wrote {args.out} ({time.perf_counter() - started:.0f} s)", file=sys.stderr)
     return 1 if errors else 0

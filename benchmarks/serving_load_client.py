@@ -4,13 +4,16 @@
 
 It runs in the validation environment, which has KServe's gRPC stubs (REST needs only the standard library).
 JOB.json (written by serving_load.py) names the servers (REST base, gRPC target, pid), the model, the batches
-(.npy), the protocols, concurrencies, bounds and rounds. For every cell (protocol, batch, concurrency) and round,
-each server in turn, in an order rotated every round so that the machine's load falls on all of them alike, gets
-one slice: C workers, each with its own keep-alive connection (REST: http.client; gRPC: its own channel), send a
-few warm-up requests (not counted), wait for each other, then each sends its next request as soon as its previous
-answer came, until the slice's request count or its time is used up (whichever first; requests in flight then
-finish). Every answer is checked: status 200 (gRPC: OK), one output "logits" of shape [n, classes] holding
-n * classes values; anything else is an error, counted and kept (the first few messages), never dropped.
+(.npy), the protocols, concurrencies, bounds, rounds and how often a bad request goes out. Round after round, for
+every cell (protocol, batch, concurrency), each server in turn, in an order rotated every round and cell so that the
+machine's load falls on all of them alike, gets one slice: C workers, each with its own keep-alive connection (REST:
+http.client; gRPC: its own channel), send a few warm-up requests (not counted), wait for each other, then each sends
+its next request as soon as its previous answer came, until the slice's request count or its time is used up
+(whichever first; requests in flight then finish). Every answer is checked: status 200 (gRPC: OK), one output
+"logits" of shape [n, classes] holding n * classes values; anything else is an error, counted and kept (the first
+few messages), never dropped. With `bad_every` N, every Nth request of a worker is a batch one pixel too narrow,
+which must be refused with the protocol's error (HTTP 400, gRPC INVALID_ARGUMENT): counted as refused, any other
+answer as an error.
 
 Only raw figures go to RESULT.json: per slice the latencies of the good answers (ms, from sending the request to
 having read the whole answer), the errors, the slice's wall time, and the CPU seconds the client and the server
@@ -71,10 +74,10 @@ def check_shape(name: str, shape: list[int], values: int, expected: list[int]) -
 class RestWorker:
     """One keep-alive HTTP/1.1 connection to one server, sending one V2 REST body again and again."""
 
-    def __init__(self, url: str, model: str, body: bytes, expected: list[int]) -> None:
+    def __init__(self, url: str, model: str, body: bytes, bad_body: bytes, expected: list[int]) -> None:
         parts = urlsplit(url)
         self.host, self.port = parts.hostname or "127.0.0.1", parts.port or 80
-        self.path, self.body, self.expected = f"/v2/models/{model}/infer", body, expected
+        self.path, self.body, self.bad_body, self.expected = f"/v2/models/{model}/infer", body, bad_body, expected
         self.headers = {"Content-Type": "application/json"}
         self.connection: http.client.HTTPConnection | None = None
 
@@ -92,6 +95,22 @@ class RestWorker:
             raise BadAnswer(f"HTTP {reply.status}: {answer[:200].decode(errors='replace')}")
         return answer
 
+    def refused(self) -> None:
+        """Send the bad request (the images one pixel narrower than they say); the protocol's error is the only
+        right answer (HTTP 400), and the connection stays usable."""
+        if self.connection is None:
+            self.connection = http.client.HTTPConnection(self.host, self.port, timeout=TIMEOUT_SECONDS)
+        try:
+            self.connection.request("POST", self.path, self.bad_body, self.headers)
+            reply = self.connection.getresponse()
+            answer = reply.read()
+        except (OSError, http.client.HTTPException):
+            self.close()
+            raise
+        if reply.status != 400:
+            raise BadAnswer(f"a bad request got HTTP {reply.status}: {answer[:200].decode(errors='replace')}; "
+                            "expected 400")
+
     def check(self, answer: bytes) -> None:
         outputs = json.loads(answer).get("outputs") or [{}]
         if len(outputs) != 1:
@@ -108,7 +127,7 @@ class RestWorker:
 class GrpcWorker:
     """Its own gRPC channel to one server, sending one prebuilt ModelInferRequest again and again."""
 
-    def __init__(self, target: str, message: Any, expected: list[int]) -> None:
+    def __init__(self, target: str, message: Any, bad_message: Any, expected: list[int]) -> None:
         import grpc
 
         serving.import_kserve()
@@ -116,7 +135,20 @@ class GrpcWorker:
 
         self.channel = grpc.insecure_channel(target)
         self.infer = grpc_predict_v2_pb2_grpc.GRPCInferenceServiceStub(self.channel).ModelInfer
-        self.message, self.expected = message, expected
+        self.message, self.bad_message, self.expected = message, bad_message, expected
+
+    def refused(self) -> None:
+        """Send the bad request; the protocol's error (INVALID_ARGUMENT) is the only right answer."""
+        import grpc
+
+        try:
+            self.infer(self.bad_message, timeout=TIMEOUT_SECONDS)
+        except grpc.RpcError as error:
+            if error.code() != grpc.StatusCode.INVALID_ARGUMENT:
+                raise BadAnswer(f"a bad request got gRPC {error.code().name}: {error.details()}; "
+                                "expected INVALID_ARGUMENT") from None
+            return
+        raise BadAnswer("a bad request was answered; expected INVALID_ARGUMENT")
 
     def send(self) -> Any:
         import grpc
@@ -149,12 +181,17 @@ def grpc_message(model: str, images: np.ndarray) -> Any:
     return InferRequest(model_name=model, infer_inputs=[tensor]).to_grpc()
 
 
+def bad_images(images: np.ndarray) -> np.ndarray:
+    """The batch one pixel narrower than the model takes: a request every server must refuse."""
+    return np.ascontiguousarray(images[..., 1:])
+
+
 def make_worker(protocol: str, server: dict[str, Any], model: str, images: np.ndarray, classes: int,
                 bodies: dict[str, Any]) -> RestWorker | GrpcWorker:
     expected = [len(images), classes]
     if protocol == "v2-rest":
-        return RestWorker(server["url"], model, bodies["v2-rest"], expected)
-    return GrpcWorker(server["grpc"], bodies["v2-grpc"], expected)
+        return RestWorker(server["url"], model, bodies["v2-rest"], bodies["bad-v2-rest"], expected)
+    return GrpcWorker(server["grpc"], bodies["v2-grpc"], bodies["bad-v2-grpc"], expected)
 
 
 def one(worker: RestWorker | GrpcWorker) -> float:
@@ -167,10 +204,12 @@ def one(worker: RestWorker | GrpcWorker) -> float:
 
 
 def run_slice(workers: list[RestWorker | GrpcWorker], max_requests: int, max_seconds: float, warmup: int,
-              pid: int | None) -> dict[str, Any]:
+              pid: int | None, bad_every: int = 0) -> dict[str, Any]:
     """One closed loop of len(workers) workers against one server: at most max_requests requests, started within
-    max_seconds of the start (after every worker's warm-up)."""
+    max_seconds of the start (after every worker's warm-up); with `bad_every` N, every Nth request of a worker is
+    the bad one, which must be refused with the protocol's error (counted apart, its latency not)."""
     latencies: list[list[float]] = [[] for _ in workers]
+    refused = [0 for _ in workers]
     errors: list[list[str]] = [[] for _ in workers]
     lock, issued = threading.Lock(), [0]
     start, cpu0 = [0.0], [0.0, 0.0]
@@ -194,9 +233,15 @@ def run_slice(workers: list[RestWorker | GrpcWorker], max_requests: int, max_sec
             with contextlib.suppress(Exception):  # warm-up answers are not counted; counted ones are all checked
                 one(worker)
         ready.wait()
+        sent = 0
         while ticket():
+            sent += 1
             try:
-                latencies[i].append(one(worker))
+                if bad_every and sent % bad_every == 0:
+                    worker.refused()
+                    refused[i] += 1
+                else:
+                    latencies[i].append(one(worker))
             except Exception as error:  # every failure is an error of the slice, whatever it was
                 errors[i].append(f"{type(error).__name__}: {error}"[:300])
 
@@ -209,7 +254,8 @@ def run_slice(workers: list[RestWorker | GrpcWorker], max_requests: int, max_sec
     wall = time.perf_counter() - start[0]
     client1, server1 = cpu_seconds(), cpu_seconds(pid) if pid else 0.0
     every_error = [e for found in errors for e in found]
-    return {"latencies_ms": [round(x, 4) for found in latencies for x in found], "errors": len(every_error),
+    return {"latencies_ms": [round(x, 4) for found in latencies for x in found], "refused": sum(refused),
+            "errors": len(every_error),
             "error_examples": list(dict.fromkeys(every_error))[:ERROR_EXAMPLES], "seconds": wall,
             "client_cpu_seconds": client1 - cpu0[0], "server_cpu_seconds": server1 - cpu0[1] if pid else None}
 
@@ -234,8 +280,11 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
     batches = {int(size): np.ascontiguousarray(np.load(path, allow_pickle=False), dtype=np.float32)
                for size, path in job["batches"].items()}
     classes = {name: metadata_classes(server["url"], model) for name, server in servers.items()}
-    bodies = {size: {"v2-rest": v2_body(images), "v2-grpc": grpc_message(model, images) if "v2-grpc" in
-                     job["protocols"] else None} for size, images in batches.items()}
+    grpc = "v2-grpc" in job["protocols"]
+    bodies = {size: {"v2-rest": v2_body(images), "v2-grpc": grpc_message(model, images) if grpc else None,
+                     "bad-v2-rest": v2_body(bad_images(images)),
+                     "bad-v2-grpc": grpc_message(model, bad_images(images)) if grpc else None}
+              for size, images in batches.items()}
     warmup_errors: dict[str, list[str]] = {name: [] for name in names}
     for protocol in job["protocols"]:  # the first calls of each batch shape, every server: not measured
         for size, images in batches.items():
@@ -249,27 +298,27 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
                 worker.close()
     slices = []
     rounds, per_round = job["rounds"], max(1, job["max_requests"] // job["rounds"])
-    cell = 0
-    for protocol in job["protocols"]:
-        for size, images in batches.items():
-            for concurrency in job["concurrency"]:
-                for repeat in range(rounds):
-                    shift = (cell + repeat) % len(names)  # who goes first moves every round (and every cell)
-                    for name in names[shift:] + names[:shift]:
-                        workers = [make_worker(protocol, servers[name], model, images, classes[name], bodies[size])
-                                   for _ in range(concurrency)]
-                        try:
-                            found = run_slice(workers, per_round, job["max_seconds"] / rounds, WARMUP_PER_WORKER,
-                                              servers[name].get("pid"))
-                        finally:
-                            for worker in workers:
-                                worker.close()
-                        slices.append({"server": name, "protocol": protocol, "batch": size,
-                                       "concurrency": concurrency, "round": repeat, **found})
-                        print(f"[serving_load] {protocol} batch {size} C={concurrency} round {repeat + 1}/{rounds} "
-                              f"{name}: {len(found['latencies_ms'])} ok, {found['errors']} errors in "
-                              f"{found['seconds']:.2f} s", file=sys.stderr, flush=True)
-                cell += 1
+    cells = [(protocol, size, concurrency) for protocol in job["protocols"] for size in batches
+             for concurrency in job["concurrency"]]
+    # Every cell once a round, the rounds one after the other: each round asks the same of every server, so what
+    # a server holds in the last round against the first (threads, descriptors, memory) is what requests add.
+    for repeat in range(rounds):
+        for cell, (protocol, size, concurrency) in enumerate(cells):
+            shift = (cell + repeat) % len(names)  # who goes first moves every round (and every cell)
+            for name in names[shift:] + names[:shift]:
+                workers = [make_worker(protocol, servers[name], model, batches[size], classes[name], bodies[size])
+                           for _ in range(concurrency)]
+                try:
+                    found = run_slice(workers, per_round, job["max_seconds"] / rounds, WARMUP_PER_WORKER,
+                                      servers[name].get("pid"), job.get("bad_every", 0))
+                finally:
+                    for worker in workers:
+                        worker.close()
+                slices.append({"server": name, "protocol": protocol, "batch": size, "concurrency": concurrency,
+                               "round": repeat, **found})
+                print(f"[serving_load] {protocol} batch {size} C={concurrency} round {repeat + 1}/{rounds} {name}: "
+                      f"{len(found['latencies_ms'])} ok, {found['refused']} bad refused, {found['errors']} errors "
+                      f"in {found['seconds']:.2f} s", file=sys.stderr, flush=True)
     return {"classes": classes, "warmup_errors": warmup_errors, "slices": slices}
 
 

@@ -10,7 +10,7 @@ Two kinds of record:
   trained model (written by train_export@<framework>);
 - per stage, `measurements/stages/<stage>.json`: where that stage's wall time went, start-up included (the runner,
   the interpreter, the imports, then each phase in order), so the start-up cost of every stage can be read after
-  any run (`StageClock`).
+  any run, and its threads, descriptors and memory from its start to its end (`StageClock`).
 
 A third, written by `benchmarks/train_throughput.py` (not a stage): `measurements/throughput_table.json`, our
 train() beside each framework's idiomatic loop as the report shows it (`THROUGHPUT_TABLE` says its form; the
@@ -37,6 +37,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from pipelines import resources
 from rosetta_common.io import dumps, write_text
 
 ROOT = Path("measurements")
@@ -311,6 +312,8 @@ class StageClock:
         self.imports_started = imports_started
         self.main_entered = self.last = time.time()
         self.phases: dict[str, float] = {}
+        # The stage's threads, descriptors and memory from here to its record (pipelines/resources.py).
+        self.probe = resources.Probe(os.getpid()).start()
 
     def lap(self, name: str) -> float:
         now = time.time()
@@ -343,6 +346,7 @@ class StageClock:
             "startup": {k: None if v is None else round(v, 4) for k, v in startup.items()},
             "phases": {k: round(v, 4) for k, v in self.phases.items()},
             "total_seconds": round(now - first, 4),
+            "resources": resources.summarize(self.probe.stop()),
             **extra,
         }
 

@@ -3,7 +3,8 @@ one user-defined network, the way N hosts would run them.
 
 Each worker is `python -m pipelines.stages.train_dp_worker <framework>` in that framework's environment, told
 who it is by the variables of the framework's own launcher (rosetta_common.distributed.Cluster.environment:
-torchrun's, JAX's, TF_CONFIG), so the same program runs under `torchrun` or by hand on two hosts (docs/data-parallel.md).
+torchrun's, JAX's, TF_CONFIG), so the same program runs under `torchrun` or by hand on two hosts
+(docs/data-parallel.md).
 
 The watcher ends the run as soon as any worker fails: it names the worker and how it ended, stops the others
 (a peer blocked in a collective would otherwise wait for its timeout), and the caller publishes nothing.

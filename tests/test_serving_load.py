@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from benchmarks import serving_load, serving_load_client
-from pipelines import measurements, paths, serving
+from pipelines import measurements, paths, resources, serving
 from pipelines.stages.report import build
 from report_fixtures import browser_missing, make_artifacts, run_in_browser
 from support import TinyRun
@@ -81,6 +81,30 @@ def test_the_benchmark_on_a_tiny_bound(tiny_pipeline: TinyRun, tmp_path: Path) -
     assert found["settings"]["threads"] == "1" and "share this machine's" in found["shares"]
 
 
+BURST_REQUESTS = 750  # per server and cell, over two rounds: 3,000 per server, 300 of them bad
+
+
+def test_every_server_holds_its_resources_flat_under_a_burst(tiny_pipeline: TinyRun, tmp_path: Path) -> None:
+    """The four servers under the benchmark's client, good and bad requests alike (every tenth refused with the
+    protocol's error), each server's threads and descriptors flat from the first round to the second."""
+    out = tmp_path / "serving_load.json"
+    code = serving_load.main([
+        "--artifacts", str(tiny_pipeline.root / "artifacts"), "--data", str(tiny_pipeline.root / "data" / "prepared"),
+        "--models", MODEL, "--concurrency", "1", "4", "--batches", "1", "--max-requests", str(BURST_REQUESTS),
+        "--max-seconds", "600", "--rounds", "2", "--bad-every", "10", "--out", str(out)])
+    assert code == 0
+    found = json.loads(out.read_text())
+    assert found["settings"]["bad_every"] == 10
+    for server in serving.SERVERS:
+        rows = [r for r in found["rows"] if r["server"] == server]
+        assert len(rows) == 4 and all(r["errors"] == 0 for r in rows), rows
+        assert sum(r["requests"] + r["refused"] for r in rows) == 4 * BURST_REQUESTS, rows
+        assert sum(r["refused"] for r in rows) >= 4 * BURST_REQUESTS // 10 - 4 * 4, rows  # each worker's tenth
+        record = found["resources"][f"{server} ({MODEL})"]
+        assert record["samples"] >= 20, record
+        assert resources.flat(record), f"{server}: {resources.describe(record)}"
+
+
 def test_percentiles() -> None:
     assert serving_load.percentiles(list(range(1, 101))) == pytest.approx((50.5, 99.01), abs=1e-12)
     assert serving_load.percentiles([]) == (None, None)
@@ -125,6 +149,7 @@ def test_timings_js_carries_the_load_table_or_null(tmp_path: Path) -> None:
     measurements.refresh(root)
     assert measurements.serving_load_table(root)["rows"] == rows
     assert "window.ROSETTA_SERVING_LOAD = {" in (root / measurements.TIMINGS_JS.name).read_text()
+    assert "window.ROSETTA_RESOURCES = {};" in (root / measurements.TIMINGS_JS.name).read_text()
     # torch at C=4: 20 answers in 1 s, p50 8 ms against 0.5 ms in process; onnx at C=4: one error counted.
     torch4 = next(r for r in rows if (r["server"], r["concurrency"]) == ("torch", 4))
     assert (torch4["requests_per_second"], torch4["p50_ms"], torch4["overhead_ratio"], torch4["overhead_ms"]) == (
@@ -145,15 +170,31 @@ def test_the_report_draws_the_load_table_in_its_serving_section(tmp_path: Path) 
     (found / measurements.SERVING_LOAD.name).write_text(json.dumps(
         {"settings": {"bounds": "made-up bounds", "threads": "1"}, "shares": "Shared cores.",
          "machine": {"model": "a CPU", "load_average": {"before": [1, 2, 3], "after": [4, 5, 6]}}, "rows": rows}))
-    measurements.refresh(found)
+    steady = [resources.Sample(0.2 * i, 40 + (i > 0), 12, 300 * resources.MIB) for i in range(10)]
+    leaking = [resources.Sample(0.2 * i, 40 + 10 * i, 12, 300 * resources.MIB) for i in range(10)]
+    measurements.write_resources("serving_load", "made-up servers", {
+        "torch (cnn)": resources.summarize(steady), "onnx (cnn)": resources.summarize(leaking)}, root=found)
+    measurements.write_resources("train_dp@tf", "made-up workers", {"worker 0": resources.summarize(steady)},
+                                 root=found)
     page, errors = run_in_browser(root / paths.REPORT / "report.html",
         "const s = document.getElementById('serving-load');"
         "const t = document.getElementById('serving-load-table');"
+        "const cells = id => { const x = document.getElementById(id);"
+        " return x ? [...x.rows].map(r => [...r.cells].map(c => c.innerText)) : null; };"
         "return {section: s ? s.closest('section').id : null, text: s ? s.innerText : null,"
         " rows: t ? [...t.rows].map(r => [...r.cells].map(c => c.innerText)) : null,"
         " failed: t ? [...t.rows].filter(r => r.className === 'fail').length : null,"
-        " charts: s ? s.querySelectorAll('svg polyline').length : null}")
+        " charts: s ? s.querySelectorAll('svg polyline').length : null,"
+        " served: cells('serving-resources-table'), probed: cells('resources-table')}")
     assert errors == []
+    # Beside the latencies, each server's resources; in the measurements, every probed process.
+    assert page["served"][1:] == [
+        ["serving_load", "onnx (cnn)", "40 / 90 / 130", "12 / 12 / 12", "300 / 300 / 300", "2 s",
+         "grows: threads +50 (bound 4)"],
+        ["serving_load", "torch (cnn)", "40 / 41 / 41", "12 / 12 / 12", "300 / 300 / 300", "2 s", "flat"]]
+    assert [row[:2] + row[-1:] for row in page["probed"][1:]] == [
+        ["serving_load", "onnx (cnn)", "grows: threads +50 (bound 4)"], ["serving_load", "torch (cnn)", "flat"],
+        ["train_dp@tf", "worker 0", "flat"]]
     assert page["section"] == "serving"
     assert page["rows"][0][:5] == ["model", "protocol", "batch", "C", "server"]
     assert page["rows"][3] == ["cnn", "v2-rest", "1", "4", "torch", "20", "20", "8.00 ms", "8.00 ms", "0.500 ms",

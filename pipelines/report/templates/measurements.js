@@ -19,6 +19,41 @@
   function grouped(v) {
     return num(v) ? Math.round(v).toString().replace(/\B(?=(\d{3})+(?!\d))/g, ",") : "\u2014";
   }
+  // The resource probe's records (pipelines/resources.py, measurements/resources/): per process, its threads,
+  // open descriptors and memory at the start, half way and the end of the probed window, and the verdict (flat when
+  // the second half's peak adds at most the stated bound over the first half's).
+  function resourceTable(parent, records) {
+    var names = Object.keys(records || {}).sort();
+    if (!names.length) { return null; }
+    var t = add(parent, "table");
+    t.className = "resources";
+    var h = add(t, "tr");
+    ["what", "process", "threads start / half way / end", "descriptors", "memory (MiB)", "window", "verdict"]
+      .forEach(function (label, i) { add(h, "th", label, i < 2 || i === 6 ? "l" : ""); });
+    names.forEach(function (name) {
+      var rec = records[name];
+      Object.keys(rec.processes || {}).forEach(function (proc) {
+        var r = rec.processes[proc], tr = add(t, "tr");
+        add(tr, "td", name, "l").title = rec.what || "";
+        add(tr, "td", proc, "l");
+        if (!r.resources) {
+          add(tr, "td", "\u2014"); add(tr, "td", "\u2014"); add(tr, "td", "\u2014"); add(tr, "td", "\u2014");
+          add(tr, "td", r.verdict || "\u2014", "l");
+          return;
+        }
+        [["threads", 1], ["fds", 1], ["rss_bytes", 1048576]].forEach(function (pair) {
+          var v = r.resources[pair[0]], k = pair[1];
+          add(tr, "td", [v.start, v.half_way, v.end].map(function (x) { return grouped(x / k); }).join(" / "))
+            .title = "peak " + grouped(v.peak / k) + "; second half added " + grouped(v.added / k) + " (bound " +
+              grouped(r.bounds[pair[0]] / k) + ")";
+        });
+        add(tr, "td", fixed(r.seconds, 0, " s"));
+        add(tr, "td", r.verdict, r.flat ? "l" : "l fail-text");
+        if (!r.flat) { tr.className = "fail"; }
+      });
+    });
+    return t;
+  }
   if (!all || typeof all !== "object") {
     add(box, "p", "No measurements here: measurements/timings.js is absent. Timings are not part of the " +
       "lineage, so `dvc pull` does not bring them; running the train_export stages on this machine writes them " +
@@ -96,6 +131,16 @@
       add(tr, "td", rest.map(function (k) { return k + " " + fixed(phases[k], 2, " s"); }).join(", "), "l");
       add(tr, "td", fixed(rec.total_seconds, 2, " s"));
     });
+  }
+  // Threads, descriptors and memory over time of every process the probe watched (data-parallel workers, servers).
+  var probedAll = window.ROSETTA_RESOURCES;
+  if (probedAll && Object.keys(probedAll).length) {
+    add(box, "h4", "Threads, descriptors and memory over time (measurements/resources/, the last run of each)");
+    resourceTable(box, probedAll).id = "resources-table";
+    add(box, "p", "Each data-parallel worker samples itself every 0.2 s from its engine's start to its last " +
+      "model; the servers are sampled while the load benchmark's client runs. Flat: the second half's peak adds " +
+      "at most 4 threads, 4 descriptors and max(64 MiB, 10 %) of memory over the first half's; hover a cell for " +
+      "its peak and what the second half added.", "note");
   }
   // Our train() beside each framework's idiomatic loop (benchmarks/train_throughput.py, measurements/throughput_table.json).
   var bench = window.ROSETTA_THROUGHPUT;
@@ -303,6 +348,15 @@
       (avg.before ? " Load average before / after: " + avg.before.map(function (v) { return v.toFixed(2); })
         .join(" ") + " / " + (avg.after || []).map(function (v) { return v.toFixed(2); }).join(" ") + "." : ""),
       "note");
+    var probed = (window.ROSETTA_RESOURCES || {}).serving_load;
+    if (probed) {
+      add(where, "h4", "Each server's threads, descriptors and memory under that load");
+      resourceTable(where, {serving_load: probed}).id = "serving-resources-table";
+      add(where, "p", "Sampled every 0.2 s while the client ran, its rounds one after the other (" +
+        (set.bad_every ? "every " + set.bad_every + "th request of a worker a bad one, refused" : "no bad requests") +
+        "). Flat: the second half's peak adds at most 4 threads, 4 descriptors and max(64 MiB, 10 %) of memory " +
+        "over the first half's (pipelines/resources.py).", "note");
+    }
   });
   // The CPU the stages last ran on (measurements/cpu.json), in the environment section: its instruction sets pick
   // the kernels of oneDNN, MKL, XLA, OpenBLAS and ONNX Runtime (README, "The same bytes on any CPU with AVX2").
