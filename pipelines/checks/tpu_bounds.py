@@ -1,0 +1,111 @@
+"""The bounds a TPU run is held to against the CPU runs, derived from the device's own arithmetic before any
+comparison: each float32 op the models use, measured on the device against float64 (tooling/tpu_ops.py, recorded
+in tpu/op_accuracy.json), propagated to each model's step-1 loss and lockstep bounds by one stated method.
+
+The method, per model and matrix precision:
+- the forward to the loss uses each op a known number of times (OPS_USED: every layer, every time step of a
+  recurrent model, each LayerNorm or BatchNorm as a mean, a variance and an rsqrt; the loss as one softmax
+  cross-entropy), read off rosetta_common's spec of the architecture;
+- each use perturbs the loss by at most the op's relative error over its whole output (`rel_norm`, what a
+  following linear layer carries on), carried to the loss with unit gain (first order);
+- the uses are independent rounding errors, so they add in quadrature (the probabilistic rounding-error bound of
+  Higham and Mary, SIAM J. Sci. Comput. 41(5), 2019), and the CPU run's own error adds linearly:
+      step1_loss_rel(TPU) = step1_loss_rel(CPU, float32) + sqrt(sum over uses of rel_norm(op)^2);
+- the lockstep window and the checkpoint states keep the CPU bounds' ratio to the step-1 bound (params.yaml:
+  ten times): lockstep_loss_rel and lockstep_state_rel scale by step1_loss_rel(TPU) / step1_loss_rel(CPU);
+  the first step beyond the TPU's lockstep_loss_rel is where the runs part;
+- the TPU's logits against ONNX Runtime's on the CPU, and against the TPU's own reload, add the forward's
+  worst-element error to the relative term: sum over the forward's uses (the loss aside) of rel_to_max(op).
+A bound is a property of float32, the device and the method: the comparison never moves it. Every other
+tolerance (end of training, quality, running statistics) is params.yaml's, judged by the measured null after
+parting as for every pair.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from rosetta_common.spec import TolerancesSpec
+
+LOSS_OP = {"text_transformer": "cross_entropy2"}  # every image model: cross_entropy10
+STEPS = 8  # the recurrent models' time steps: one image row each (8 x 8 digits)
+LAYER_NORM = {"mean": 1, "variance": 1, "rsqrt": 1}
+
+
+def _times(uses: dict[str, int], n: int) -> dict[str, int]:
+    return {op: count * n for op, count in uses.items()}
+
+
+def _add(*parts: dict[str, int]) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for part in parts:
+        for op, count in part.items():
+            total[op] = total.get(op, 0) + count
+    return total
+
+
+# The forward's op uses per model, the loss aside (packages/*_impl build the same graph from the same spec).
+OPS_USED: dict[str, dict[str, int]] = {
+    "mlp": {"matmul": 2},
+    "cnn": {"conv": 2, "matmul": 1},
+    # embed, q, k, v, out, fc1, fc2, head; scores and weighted values; three LayerNorms; the token mean
+    "attention": _add({"matmul": 8, "einsum": 2, "softmax": 1, "gelu": 1, "mean": 1}, _times(LAYER_NORM, 3)),
+    # stem, two block convolutions and the shortcut, each with a BatchNorm on the batch's statistics; the pool
+    "resnet": _add({"conv": 4, "matmul": 1, "mean": 1}, _times(LAYER_NORM, 4)),
+    # per step: the input and recurrent products, three sigmoid gates, two tanh; then the head
+    "lstm": _add(_times({"matmul": 2, "sigmoid": 3, "tanh": 2}, STEPS), {"matmul": 1}),
+    "gru": _add(_times({"matmul": 2, "sigmoid": 2, "tanh": 1}, STEPS), {"matmul": 1}),
+    # q, k, v, out, fc1, fc2, head; scores and weighted values; three LayerNorms; the masked token mean
+    "text_transformer": _add({"matmul": 7, "einsum": 2, "softmax": 1, "gelu": 1, "mean": 1},
+                             _times(LAYER_NORM, 3)),
+}
+
+
+def loss_op(model: str) -> str:
+    return LOSS_OP.get(model, "cross_entropy10")
+
+
+def model_bounds(model: str, ops: dict[str, Any], tol: TolerancesSpec, precision: str) -> dict[str, Any]:
+    """One model's bounds at one precision (module docstring), with the terms they came from."""
+    uses = OPS_USED[model]
+    loss = loss_op(model)
+    squares = {op: n * ops[op][precision]["rel_norm"] ** 2 for op, n in uses.items()}
+    squares[loss] = ops[loss][precision]["rel_norm"] ** 2
+    device_term = math.sqrt(sum(squares.values()))
+    step1 = tol.step1_loss_rel + device_term
+    scale = step1 / tol.step1_loss_rel
+    forward = sum(n * ops[op][precision]["rel_to_max"] for op, n in uses.items())
+    largest = max(squares, key=lambda op: squares[op])
+    return {
+        "uses": {**uses, loss: 1},
+        "device_term": device_term,
+        "largest_term": {"op": largest, "share": squares[largest] / device_term ** 2 if device_term else 0.0},
+        "forward_rel_to_max": forward,
+        "step1_loss_rel": step1,
+        "lockstep_loss_rel": tol.lockstep_loss_rel * scale,
+        "lockstep_state_rel": tol.lockstep_state_rel * scale,
+        "onnx_vs_native_rel": tol.onnx_vs_native_rel + forward,
+        "native_roundtrip_rel": tol.native_roundtrip_rel + forward,
+    }
+
+
+def derive(op_accuracy: dict[str, Any], tol: TolerancesSpec, models: list[str]) -> dict[str, Any]:
+    """Every model's bounds at every precision the op file measured: {"precisions": {p: {model: bounds}}}."""
+    ops = op_accuracy["ops"]
+    precisions = list(op_accuracy["precisions"])
+    return {"method": __doc__.split("The method, per model and matrix precision:\n", 1)[1].split("\nA bound", 1)[0],
+            "op_accuracy": {"measured_at": op_accuracy["measured_at"], "device": op_accuracy["device"],
+                            "jax": op_accuracy["jax"]},
+            "cpu_tolerances": {k: getattr(tol, k) for k in ("step1_loss_rel", "lockstep_loss_rel",
+                                                            "lockstep_state_rel", "onnx_vs_native_abs",
+                                                            "onnx_vs_native_rel", "native_roundtrip_abs",
+                                                            "native_roundtrip_rel")},
+            "precisions": {p: {m: model_bounds(m, ops, tol, p) for m in models} for p in precisions}}
+
+
+def tolerances_for(tol: TolerancesSpec, bounds: dict[str, Any]) -> TolerancesSpec:
+    """params.yaml's tolerances with one model's TPU bounds in place (the rest unchanged)."""
+    keys = ("step1_loss_rel", "lockstep_loss_rel", "lockstep_state_rel", "onnx_vs_native_rel",
+            "native_roundtrip_rel")
+    return tol.model_copy(update={k: bounds[k] for k in keys})

@@ -1,0 +1,150 @@
+"""The JAX stage on a TPU host: `train_export@jax` as the pipeline runs it (every model, its lockstep checkpoints
+and replicates as params.yaml says, native and ONNX exports), at one matrix precision, packed as its own subject.
+
+    python -m tooling.tpu_train --precision highest|default --pack OUT.tar.gz
+
+rosetta_jax.configure() sets `jax_default_matmul_precision` to `highest` (float32 products); `--precision default`
+sets it back to None after every configure(), so the run multiplies as a JAX user's script that never sets it
+(on a TPU: bfloat16 passes). The run folders (artifacts/jax/<model>/) go into the archive as `jax@tpu/<model>/`,
+beside `jax@tpu/tpu.json` (device, precision, the versions that ran) and `measurements/` (the stage's timings).
+--slim keeps what the validator reads and what fits the way back: init.onnx, native/ and taps.npz stay on the host,
+and checkpoints.npz keeps the run's own states and the replicates' step losses (the replicates' states are 210 MB
+for the attention model); tpu.json records the sha256 export.json gave each file that stayed or was rewritten.
+Runs in this checkout's root with data/prepared and artifacts/init present; JAX must see a TPU (JAX_PLATFORMS
+unset or naming tpu), unless --allow-cpu (tests).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tarfile
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+PRECISIONS: dict[str, str | None] = {"highest": "highest", "default": None}
+SUBJECT = "jax@tpu"
+VERSIONED = ("jax", "jaxlib", "libtpu", "flax", "optax", "jax2onnx", "onnx", "numpy")
+
+
+def versions() -> dict[str, str]:
+    """The installed version of each distribution that decides the run (what ran, beside the lock's pins)."""
+    found = {}
+    for name in VERSIONED:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return found
+
+
+LEFT_ON_HOST = ("init.onnx", "taps.npz")
+
+
+def slim(run: Path) -> dict[str, Any]:
+    """Keep what the validator reads of one run folder (module docstring); what moved, with its export sha256."""
+    import numpy as np
+
+    from rosetta_common.io import sha256
+
+    recorded = json.loads((run / "export.json").read_text())["sha256"]
+    left = {name: recorded[name] for name in recorded
+            if name in LEFT_ON_HOST or name.startswith("native/")}
+    for name in left:
+        (run / name).unlink()
+    shutil.rmtree(run / "native", ignore_errors=True)
+    path = run / "checkpoints.npz"
+    with np.load(path, allow_pickle=False) as f:
+        kept = {key: f[key] for key in f.files
+                if not key.startswith("replicate") or key.endswith("/step_losses")}
+    with open(path, "wb") as out:
+        np.savez(out, **kept)
+    return {"left_on_host": left,
+            "rewritten": {"checkpoints.npz": {"export_sha256": recorded["checkpoints.npz"], "sha256": sha256(path),
+                                              "kept": "the run's states; the replicates' step losses"}}}
+
+
+def pin_precision(precision: str | None) -> None:
+    """Make every rosetta_jax.configure() of the stage end with `precision` as JAX's default matmul precision."""
+    import jax
+
+    import rosetta_jax
+
+    configure = rosetta_jax.configure
+
+    def configured(seed: int) -> None:
+        configure(seed)
+        jax.config.update("jax_default_matmul_precision", precision)
+
+    rosetta_jax.configure = configured
+
+
+def stage(train_export: Any, models: list[str]) -> None:
+    """train_export.main's steps; its latency measurement (native against ONNX Runtime) only where onnxruntime is
+    installed (a TPU host's own index may lack it): the training, exports, checkpoints and replicates are whole."""
+    import importlib.util
+
+    from pipelines import measurements
+    from pipelines.stages import IMPORTS_STARTED, framework_stage_args
+
+    if importlib.util.find_spec("onnxruntime") is not None:
+        code = train_export.main(["jax", *models])
+        if code:
+            raise SystemExit(code)
+        return
+    clock = measurements.StageClock("train_export@jax", IMPORTS_STARTED)
+    fw, models, spec = framework_stage_args(["jax", *models], train_export.__doc__, "train_export")
+    jobs = train_export.load_jobs(spec, models)
+    backend = train_export.seeded_backend(fw, spec.seed)
+    clock.lap("framework_import")
+    runs = [train_export.run_model(backend, spec, job, job.data, clock) for job in jobs]
+    for run in runs:
+        train_export.record_taps(backend, run, run.job.data.validation_batch(spec.export.validation_batch_size),
+                                 clock)
+    measurements.write_stage(clock.record(models=models, latency="not measured: onnxruntime is not installed"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--precision", choices=list(PRECISIONS), required=True)
+    parser.add_argument("--pack", type=Path, required=True)
+    parser.add_argument("--allow-cpu", action="store_true")
+    parser.add_argument("--slim", action="store_true")
+    parser.add_argument("models", nargs="*")
+    args = parser.parse_args(argv)
+    import jax
+
+    device = jax.devices()[0]
+    if device.platform != "tpu" and not args.allow_cpu:
+        print(f"error: JAX sees no TPU (its first device is {device.platform})", file=sys.stderr)
+        return 2
+    pin_precision(PRECISIONS[args.precision])
+    from pipelines.stages import train_export
+
+    for folder in (Path("artifacts/jax"), Path("measurements")):
+        shutil.rmtree(folder, ignore_errors=True)
+    started = time.time()
+    stage(train_export, args.models)
+    record: dict[str, Any] = {
+        "subject": SUBJECT, "precision": args.precision,
+        "jax_default_matmul_precision": PRECISIONS[args.precision],
+        "device": {"platform": device.platform, "kind": device.device_kind, "count": jax.device_count()},
+        "versions": versions(), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        "seconds": round(time.time() - started, 1)}
+    if args.slim:
+        record["slimmed"] = {run.name: slim(run) for run in sorted(Path("artifacts/jax").iterdir()) if run.is_dir()}
+    Path("artifacts/jax/tpu.json").write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    args.pack.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(args.pack, "w:gz") as tar:
+        tar.add("artifacts/jax", arcname=SUBJECT)
+        tar.add("measurements", arcname=f"{SUBJECT}/measurements")
+    print(f"tpu_train: {args.precision}: {record['seconds']} s -> {args.pack}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
