@@ -105,6 +105,13 @@ def stage(train_export: Any, models: list[str]) -> None:
     for run in runs:
         train_export.record_taps(backend, run, run.job.data.validation_batch(spec.export.validation_batch_size),
                                  clock)
+    for run in runs:
+        measurements.write(run.job.arch, fw, {
+            "framework": fw, "model": run.job.arch, "stage": "train_export@jax",
+            "train": {"train_seconds": run.result.train_seconds, "epoch_seconds": run.result.epoch_seconds,
+                      "steady_samples_per_second": train_export.steady_samples_per_second(run.result, run.job)},
+            "export": run.exported, "latency": {"results": [], "not_measured": "onnxruntime is not installed"},
+            "model_seconds": run.seconds})
     measurements.write_stage(clock.record(models=models, latency="not measured: onnxruntime is not installed"))
 
 

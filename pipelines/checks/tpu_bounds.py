@@ -28,6 +28,15 @@ from typing import Any
 
 from rosetta_common.spec import TolerancesSpec
 
+SUBJECT = "jax@tpu"  # the TPU run folders' framework name: artifacts/jax@tpu/<model>/
+CLAIMED = "highest"  # the precision whose bounds judge every TPU run: float32 products, what a port claims
+
+
+def subject_name(precision: str) -> str:
+    """The subject as the ledger and artifacts/ name it: jax@tpu at `highest`, jax@tpu-<precision> otherwise."""
+    return SUBJECT if precision == CLAIMED else f"{SUBJECT}-{precision}"
+
+
 LOSS_OP = {"text_transformer": "cross_entropy2"}  # every image model: cross_entropy10
 STEPS = 8  # the recurrent models' time steps: one image row each (8 x 8 digits)
 LAYER_NORM = {"mean": 1, "variance": 1, "rsqrt": 1}

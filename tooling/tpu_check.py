@@ -1,0 +1,161 @@
+"""`make tpu-check`: the JAX stage on a TPU, judged against the CPU runs, at both matrix precisions.
+
+    make tpu-check                                   # = python -m tooling.tpu_check
+    python -m tooling.tpu_check bounds OP_ACCURACY.json --out tpu/bounds.json
+    python -m tooling.tpu_check unpack PACK.tar.gz --precision highest      # into artifacts/jax@tpu/
+    python -m tooling.tpu_check judge --precision highest --out RESULT.json  # in the validation environment
+    python -m tooling.tpu_check report tpu/result-highest.json tpu/result-default.json --out reports/tpu-check
+
+What it does on a TPU host, in order (the CPU runs, artifacts/<framework>/, come from `dvc repro` first):
+1. Refuses, with one line and exit code 2, where JAX sees no TPU (no TPU device under /dev and no libtpu), naming
+   what is missing.
+2. Measures every op the models use against float64 at both precisions (tooling/tpu_ops.py) and derives the
+   bounds from it (pipelines/checks/tpu_bounds.py): written before any run is compared.
+3. Trains, exports and records the JAX stage on the TPU at `highest` and at JAX's default precision
+   (tooling/tpu_train.py), each as the subject `jax@tpu` in a folder of its own.
+4. Judges each against every CPU run present (pipelines/checks/tpu.py) and writes reports/tpu-check/: each
+   precision's result JSON and report.md (pipelines/report/tpu.py). Exit 0 only if the `highest` run passes and
+   the default-precision run fails naming the matrix precision.
+Without a TPU only steps 1 and the bounds, judge and report subcommands run (tests/test_tpu_check.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+from typing import Any
+
+from pipelines.environments import REPO_ROOT
+
+OUT = Path("reports/tpu-check")
+REFUSAL = "error: make tpu-check needs a TPU that JAX can use: {why}"
+
+
+def refusal(dev: Path = Path("/dev"), environ: dict[str, str] | None = None) -> str:
+    """"" where a TPU is visible (an accel or vfio device under `dev`, or TPU_ACCELERATOR_TYPE set, and libtpu
+    importable), else the one line that refuses."""
+    environ = dict(os.environ) if environ is None else environ
+    devices = glob.glob(str(dev / "accel*")) + glob.glob(str(dev / "vfio" / "[0-9]*"))
+    if not devices and not environ.get("TPU_ACCELERATOR_TYPE"):
+        return REFUSAL.format(why=f"no TPU device visible ({dev}/accel* and {dev}/vfio/ list none, "
+                                  "TPU_ACCELERATOR_TYPE unset)")
+    import importlib.util
+
+    if importlib.util.find_spec("libtpu") is None:
+        return REFUSAL.format(why="libtpu is not installed (packages/jax_impl/requirements-tpu.lock)")
+    return ""
+
+
+def write_json(path: Path, value: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(value, indent=1, sort_keys=True) + "\n")
+
+
+def bounds(op_file: Path, out: Path) -> dict[str, Any]:
+    """The bounds of every model at both precisions from a recorded op-accuracy file."""
+    from pipelines import paths
+    from pipelines.checks.tpu_bounds import derive
+    from rosetta_common.spec import load_spec
+
+    spec = load_spec(paths.PARAMS)
+    derived = derive(json.loads(op_file.read_text()), spec.tolerances, list(spec.models))
+    write_json(out, derived)
+    return derived
+
+
+def unpack(pack: Path, precision: str) -> Path:
+    """A tooling/tpu_train.py archive into artifacts/<subject>/ (pipelines/checks/tpu.py's subject_name)."""
+    import shutil
+    import tempfile
+
+    from pipelines import paths
+    from pipelines.checks.tpu_bounds import subject_name
+
+    target = paths.framework_dir(subject_name(precision))
+    shutil.rmtree(target, ignore_errors=True)
+    with tempfile.TemporaryDirectory(dir=paths.ARTIFACTS) as scratch, tarfile.open(pack) as tar:
+        tar.extractall(scratch, filter="data")
+        Path(scratch, "jax@tpu").rename(target)
+    return target
+
+
+def run_on_tpu(out: Path) -> int:
+    """Steps 2-4 on a TPU host (module docstring)."""
+    env = {**os.environ, "ROSETTA_ENV": "jax"}
+    python = sys.executable
+    ops = out / "op_accuracy.json"
+    subprocess.run([python, "-m", "tooling.tpu_ops", "--json", str(ops)], cwd=REPO_ROOT, env=env, check=True)
+    bounds(ops, out / "bounds.json")
+    results = []
+    for precision in ("highest", "default"):
+        pack = out / f"{precision}.tar.gz"
+        subprocess.run([python, "-m", "tooling.tpu_train", "--precision", precision, "--pack", str(pack)],
+                       cwd=REPO_ROOT, env=env, check=True)
+        unpack(pack, precision)
+        results.append(out / f"result-{precision}.json")
+        subprocess.run([python, "-m", "pipelines.runner", "validation", "--", "python", "-m", "tooling.tpu_check",
+                        "judge", "--bounds", str(out / "bounds.json"), "--ops", str(ops), "--precision",
+                        precision, "--out", str(results[-1])], cwd=REPO_ROOT, check=False)
+    return report([*results], out)
+
+
+def report(results: list[Path], out: Path) -> int:
+    from pipelines.report.tpu import expected_verdicts, write_report
+
+    loaded = [json.loads(p.read_text()) for p in results]
+    write_report(loaded, out)
+    print(f"tpu-check: {out / 'report.md'}")
+    return 0 if expected_verdicts(loaded) else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command")
+    b = sub.add_parser("bounds")
+    b.add_argument("op_file", type=Path)
+    b.add_argument("--out", type=Path, required=True)
+    j = sub.add_parser("judge")
+    j.add_argument("--bounds", type=Path, default=Path("tpu/bounds.json"))
+    j.add_argument("--ops", type=Path, default=Path("tpu/op_accuracy.json"))
+    j.add_argument("--precision", required=True)
+    j.add_argument("--cpu", nargs="*", help="the CPU frameworks to judge against (default: every one present)")
+    u = sub.add_parser("unpack")
+    u.add_argument("pack", type=Path)
+    u.add_argument("--precision", required=True)
+    j.add_argument("--out", type=Path, required=True)
+    r = sub.add_parser("report")
+    r.add_argument("results", type=Path, nargs="+")
+    r.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args(argv)
+    if args.command == "bounds":
+        bounds(args.op_file, args.out)
+        print(f"tpu-check: bounds -> {args.out}")
+        return 0
+    if args.command == "judge":
+        from pipelines.checks.tpu import judge
+
+        result = judge(json.loads(args.bounds.read_text()), args.precision, json.loads(args.ops.read_text()),
+                       args.cpu)
+        write_json(args.out, result)
+        print(f"tpu-check: {args.precision}: {result['summary']} -> {args.out}")
+        return 0
+    if args.command == "unpack":
+        print(f"tpu-check: {args.pack} -> {unpack(args.pack, args.precision)}")
+        return 0
+    if args.command == "report":
+        return report(args.results, args.out)
+    why = refusal()
+    if why:
+        print(why, file=sys.stderr)
+        return 2
+    return run_on_tpu(OUT)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
