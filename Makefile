@@ -110,3 +110,9 @@ test-cuda: $(VENV)/.installed
 # reports/gpu-check/. Refuses in one line anywhere else.
 gpu-check: $(VENV)/.installed
 	python -m tooling.gpu_check
+
+# The JAX stage on a TPU host at both matrix precisions, judged against the CPU runs of `make repro`, with a report
+# in reports/tpu-check/ (docs/tpu.md). Refuses in one line, exit 2, where no TPU is visible.
+.PHONY: tpu-check
+tpu-check: $(VENV)/.installed
+	@python -m tooling.tpu_check

@@ -7,8 +7,9 @@
     python -m tooling.tpu_check report tpu/result-highest.json tpu/result-default.json --out reports/tpu-check
 
 What it does on a TPU host, in order (the CPU runs, artifacts/<framework>/, come from `dvc repro` first):
-1. Refuses, with one line and exit code 2, where JAX sees no TPU (no TPU device under /dev and no libtpu), naming
-   what is missing.
+1. Refuses, with one line and exit code 2, where no TPU is visible (no TPU device under /dev, TPU_ACCELERATOR_TYPE
+   unset) or the TPU interpreter (tpu_python) cannot import libtpu and the jax package's needs, naming what is
+   missing.
 2. Measures every op the models use against float64 at both precisions (tooling/tpu_ops.py) and derives the
    bounds from it (pipelines/checks/tpu_bounds.py): written before any run is compared.
 3. Trains, exports and records the JAX stage on the TPU at `highest` and at JAX's default precision
@@ -37,18 +38,33 @@ OUT = Path("reports/tpu-check")
 REFUSAL = "error: make tpu-check needs a TPU that JAX can use: {why}"
 
 
+def tpu_python(environ: dict[str, str] | None = None) -> str:
+    """The interpreter whose JAX runs on the TPU: ROSETTA_TPU_PYTHON, else the jax environment built from
+    packages/jax_impl/requirements-tpu.lock (.envs/jax-tpu), else the host's own python3 (a TPU host whose JAX
+    equals the lock's, the missing packages carried: docs/tpu.md)."""
+    environ = dict(os.environ) if environ is None else environ
+    if environ.get("ROSETTA_TPU_PYTHON"):
+        return environ["ROSETTA_TPU_PYTHON"]
+    built = REPO_ROOT / ".envs" / "jax-tpu" / "bin" / "python"
+    return str(built) if built.is_file() else "python3"
+
+
 def refusal(dev: Path = Path("/dev"), environ: dict[str, str] | None = None) -> str:
-    """"" where a TPU is visible (an accel or vfio device under `dev`, or TPU_ACCELERATOR_TYPE set, and libtpu
-    importable), else the one line that refuses."""
+    """"" where a TPU is visible (an accel or vfio device under `dev`, or TPU_ACCELERATOR_TYPE set) and the TPU
+    interpreter imports libtpu and flax, else the one line that refuses, naming what is missing."""
     environ = dict(os.environ) if environ is None else environ
     devices = glob.glob(str(dev / "accel*")) + glob.glob(str(dev / "vfio" / "[0-9]*"))
     if not devices and not environ.get("TPU_ACCELERATOR_TYPE"):
         return REFUSAL.format(why=f"no TPU device visible ({dev}/accel* and {dev}/vfio/ list none, "
                                   "TPU_ACCELERATOR_TYPE unset)")
-    import importlib.util
-
-    if importlib.util.find_spec("libtpu") is None:
-        return REFUSAL.format(why="libtpu is not installed (packages/jax_impl/requirements-tpu.lock)")
+    python = tpu_python(environ)
+    probe = subprocess.run([python, "-c", "import libtpu, flax, optax, jax2onnx"], capture_output=True, text=True,
+                           check=False)
+    if probe.returncode:
+        missing = (probe.stderr.strip().splitlines() or ["not runnable"])[-1]
+        return REFUSAL.format(why=f"{python} cannot import libtpu, flax, optax and jax2onnx ({missing}); build "
+                                  ".envs/jax-tpu from packages/jax_impl/requirements-tpu.lock or set "
+                                  "ROSETTA_TPU_PYTHON")
     return ""
 
 
@@ -87,8 +103,16 @@ def unpack(pack: Path, precision: str) -> Path:
 
 def run_on_tpu(out: Path) -> int:
     """Steps 2-4 on a TPU host (module docstring)."""
-    env = {**os.environ, "ROSETTA_ENV": "jax"}
-    python = sys.executable
+    from pipelines import paths
+    from pipelines.environments import FRAMEWORKS
+
+    if not any(paths.framework_dir(fw).is_dir() for fw in FRAMEWORKS):
+        print("error: no CPU run to judge against (artifacts/<framework>/): run `dvc repro` first", file=sys.stderr)
+        return 2
+    source = os.pathsep.join(str(REPO_ROOT / p) for p in ("", "packages/common/src", "packages/jax_impl/src"))
+    env = {**os.environ, "ROSETTA_ENV": "jax",
+           "PYTHONPATH": os.pathsep.join(p for p in (os.environ.get("PYTHONPATH", ""), source) if p)}
+    python = tpu_python()
     ops = out / "op_accuracy.json"
     subprocess.run([python, "-m", "tooling.tpu_ops", "--json", str(ops)], cwd=REPO_ROOT, env=env, check=True)
     bounds(ops, out / "bounds.json")
@@ -99,17 +123,19 @@ def run_on_tpu(out: Path) -> int:
                        cwd=REPO_ROOT, env=env, check=True)
         unpack(pack, precision)
         results.append(out / f"result-{precision}.json")
-        subprocess.run([python, "-m", "pipelines.runner", "validation", "--", "python", "-m", "tooling.tpu_check",
-                        "judge", "--bounds", str(out / "bounds.json"), "--ops", str(ops), "--precision",
-                        precision, "--out", str(results[-1])], cwd=REPO_ROOT, check=False)
-    return report([*results], out)
+        subprocess.run([sys.executable, "-m", "pipelines.runner", "validation", "--", "python", "-m",
+                        "tooling.tpu_check", "judge", "--bounds", str(out / "bounds.json"), "--ops", str(ops),
+                        "--precision", precision, "--out", str(results[-1])], cwd=REPO_ROOT, check=True)
+    return report(results, out, out / "bounds.json")
 
 
-def report(results: list[Path], out: Path) -> int:
+def report(results: list[Path], out: Path, bounds_file: Path | None = None) -> int:
+    """reports/tpu-check/report.md from result files; exit 0 only where the verdicts are the expected ones."""
     from pipelines.report.tpu import expected_verdicts, write_report
 
     loaded = [json.loads(p.read_text()) for p in results]
-    write_report(loaded, out)
+    derived = json.loads(bounds_file.read_text()) if bounds_file is not None and bounds_file.is_file() else None
+    write_report(loaded, out, derived)
     print(f"tpu-check: {out / 'report.md'}")
     return 0 if expected_verdicts(loaded) else 1
 
@@ -132,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("report")
     r.add_argument("results", type=Path, nargs="+")
     r.add_argument("--out", type=Path, default=OUT)
+    r.add_argument("--bounds", type=Path, default=Path("tpu/bounds.json"))
     args = parser.parse_args(argv)
     if args.command == "bounds":
         bounds(args.op_file, args.out)
@@ -149,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tpu-check: {args.pack} -> {unpack(args.pack, args.precision)}")
         return 0
     if args.command == "report":
-        return report(args.results, args.out)
+        return report(args.results, args.out, args.bounds)
     why = refusal()
     if why:
         print(why, file=sys.stderr)
