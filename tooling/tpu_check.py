@@ -58,10 +58,14 @@ def refusal(dev: Path = Path("/dev"), environ: dict[str, str] | None = None) -> 
         return REFUSAL.format(why=f"no TPU device visible ({dev}/accel* and {dev}/vfio/ list none, "
                                   "TPU_ACCELERATOR_TYPE unset)")
     python = tpu_python(environ)
-    probe = subprocess.run([python, "-c", "import libtpu, flax, optax, jax2onnx"], capture_output=True, text=True,
-                           check=False)
-    if probe.returncode:
-        missing = (probe.stderr.strip().splitlines() or ["not runnable"])[-1]
+    try:
+        probe = subprocess.run([python, "-c", "import libtpu, flax, optax, jax2onnx"], capture_output=True,
+                               text=True, check=False)
+        code, said = probe.returncode, probe.stderr
+    except OSError as error:
+        code, said = 1, f"{type(error).__name__}: {error}"
+    if code:
+        missing = (said.strip().splitlines() or ["not runnable"])[-1]
         return REFUSAL.format(why=f"{python} cannot import libtpu, flax, optax and jax2onnx ({missing}); build "
                                   ".envs/jax-tpu from packages/jax_impl/requirements-tpu.lock or set "
                                   "ROSETTA_TPU_PYTHON")

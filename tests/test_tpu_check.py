@@ -1,0 +1,193 @@
+"""`make tpu-check` where it can be tested, which is anywhere: its refusal without a TPU (one line, exit 2), the
+bounds derived from the recorded op-accuracy file (tpu/op_accuracy.json, measured on a TPU v5e), the TPU lock,
+and the judgement and report section from the recorded results (tpu/result-*.json). The TPU runs themselves are
+`make tpu-check`'s alone."""
+
+from __future__ import annotations
+
+import copy
+import glob
+import json
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipelines.checks import tpu_bounds
+from pipelines.report import tpu as report
+from rosetta_common.spec import load_spec
+from support import REPO, orchestrator_env
+from tooling import tpu_check
+
+TPU = REPO / "tpu"
+SPEC = load_spec(REPO / "params.yaml")
+
+
+def recorded(name: str) -> dict:
+    return json.loads((TPU / name).read_text())
+
+
+# ---------------------------------------------------------------- refusal
+
+
+@pytest.mark.skipif(bool(glob.glob("/dev/accel*")), reason="a TPU host: make tpu-check runs here")
+def test_tpu_check_refuses_without_a_tpu_in_one_line():
+    env = {k: v for k, v in orchestrator_env().items() if k != "TPU_ACCELERATOR_TYPE"}
+    done = subprocess.run([sys.executable, "-m", "tooling.tpu_check"], cwd=REPO, env=env, capture_output=True,
+                          text=True, check=False)
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert done.stderr.strip().splitlines() == [
+        "error: make tpu-check needs a TPU that JAX can use: no TPU device visible (/dev/accel* and /dev/vfio/ list "
+        "none, TPU_ACCELERATOR_TYPE unset)"]
+
+
+def test_refusal_names_the_missing_tpu_runtime(tmp_path):
+    (tmp_path / "accel0").touch()  # a TPU device, but an interpreter without libtpu (this one)
+    why = tpu_check.refusal(tmp_path, {"ROSETTA_TPU_PYTHON": sys.executable})
+    assert why.startswith("error: make tpu-check needs a TPU that JAX can use: ")
+    assert "cannot import libtpu" in why and "requirements-tpu.lock" in why and "\n" not in why
+    assert tpu_check.refusal(tmp_path, {"ROSETTA_TPU_PYTHON": "/nonexistent/python"}) != ""
+
+
+# ---------------------------------------------------------------- bounds from the recorded op accuracy
+
+
+def test_bounds_derive_from_the_recorded_op_accuracy_file():
+    """tpu/bounds.json is what the method gives from tpu/op_accuracy.json and params.yaml, nothing else."""
+    derived = tpu_bounds.derive(recorded("op_accuracy.json"), SPEC.tolerances, list(SPEC.models))
+    assert json.loads(json.dumps(derived)) == recorded("bounds.json")
+
+
+def test_the_method_by_hand_for_mlp_and_lstm():
+    ops = recorded("op_accuracy.json")["ops"]
+    tol = SPEC.tolerances
+
+    def rel(op: str, precision: str = "highest") -> float:
+        return ops[op][precision]["rel_norm"]
+
+    mlp = tpu_bounds.model_bounds("mlp", ops, tol, "highest")
+    assert mlp["step1_loss_rel"] == pytest.approx(
+        tol.step1_loss_rel + math.sqrt(2 * rel("matmul") ** 2 + rel("cross_entropy10") ** 2))
+    assert mlp["lockstep_loss_rel"] == pytest.approx(tol.lockstep_loss_rel * mlp["step1_loss_rel"]
+                                                     / tol.step1_loss_rel)
+    lstm = tpu_bounds.model_bounds("lstm", ops, tol, "highest")
+    assert lstm["uses"] == {"matmul": 17, "sigmoid": 24, "tanh": 16, "cross_entropy10": 1}
+    assert lstm["largest_term"]["op"] == "tanh"  # the TPU's tanh, not its products, sets the recurrent bounds
+
+
+def test_bounds_are_wider_than_the_cpu_and_bfloat16_products_wider_still():
+    bounds = recorded("bounds.json")["precisions"]
+    for model in SPEC.models:
+        high, default = bounds["highest"][model], bounds["default"][model]
+        assert SPEC.tolerances.step1_loss_rel < high["step1_loss_rel"] < default["step1_loss_rel"]
+        assert default["largest_term"]["op"] in {"matmul", "conv"}  # bfloat16 passes dominate every model
+    ops = recorded("op_accuracy.json")
+    assert ops["device"]["platform"] == "tpu"
+    assert ops["ops"]["matmul"]["default"]["rel_norm"] > 1e4 * ops["ops"]["matmul"]["highest"]["rel_norm"]
+
+
+def test_tolerances_for_replaces_only_the_derived_bounds():
+    bounds = recorded("bounds.json")["precisions"]["highest"]["text_transformer"]
+    tol = tpu_bounds.tolerances_for(SPEC.tolerances, bounds)
+    assert tol.step1_loss_rel == bounds["step1_loss_rel"]
+    assert tol.lockstep_state_rel == bounds["lockstep_state_rel"]
+    assert tol.test_loss_rel == SPEC.tolerances.test_loss_rel
+    assert tol.lockstep_steps == SPEC.tolerances.lockstep_steps
+
+
+# ---------------------------------------------------------------- the judgement and report from recorded results
+
+
+def test_recorded_bounds_came_before_the_comparison():
+    ops, high, default = recorded("op_accuracy.json"), recorded("result-highest.json"), recorded(
+        "result-default.json")
+    for result in (high, default):
+        assert result["bounds"]["op_accuracy"]["measured_at"] == ops["measured_at"]
+        assert ops["measured_at"] < result["judged_at"]
+
+
+def test_recorded_highest_run_passes_and_default_fails_naming_the_precision():
+    high, default = recorded("result-highest.json"), recorded("result-default.json")
+    assert high["passed"] and high["run"]["jax_default_matmul_precision"] == "highest"
+    assert set(high["models"]) == set(SPEC.models) and high["cpu_frameworks"]
+    assert not default["passed"]
+    assert all(not m["passed"] for m in default["models"].values())  # every model, not one
+    failed = [c for c in default["checks"] if not c["passed"]]
+    assert failed and all(report.names_precision(c) for c in failed)
+    assert all(c["framework"].startswith("jax@tpu-default") or "|jax@tpu-default" in c["framework"]
+               for c in failed)
+    assert report.expected_verdicts([high, default])
+
+
+def test_expected_verdicts_refuses_the_wrong_outcomes():
+    high, default = recorded("result-highest.json"), recorded("result-default.json")
+    failing_high = copy.deepcopy(high)
+    failing_high["passed"] = False
+    assert not report.expected_verdicts([failing_high, default])
+    passing_default = copy.deepcopy(default)
+    passing_default["passed"] = True
+    assert not report.expected_verdicts([high, passing_default])
+    unnamed = copy.deepcopy(default)
+    next(c for c in unnamed["checks"] if not c["passed"])["detail"] = "beyond the bound"
+    assert not report.expected_verdicts([high, unnamed])
+    assert not report.expected_verdicts([default])
+
+
+def test_report_section_from_the_recorded_results(tmp_path):
+    code = tpu_check.main(["report", str(TPU / "result-highest.json"), str(TPU / "result-default.json"),
+                           "--bounds", str(TPU / "bounds.json"), "--out", str(tmp_path)])
+    assert code == 0
+    text = (tmp_path / "report.md").read_text()
+    assert "## jax@tpu: precision `highest`" in text and "PASSED: 156 of 156" in text
+    assert "## jax@tpu-default: precision `default`" in text and "FAILED" in text
+    assert "likely cause: the matrix precision" in text
+    for model in SPEC.models:
+        rows = [line for line in text.splitlines() if re.match(rf"\| {model} \| (\d+|never) \| ", line)]
+        assert len(rows) == 2  # one row per precision
+    text_row = next(line for line in text.splitlines() if line.startswith("| text_transformer | 344 |"))
+    assert "| pass |" in text_row and "train_step1_loss_rel" in text_row  # its closest margin: the step-1 loss
+    assert "Verdicts as expected" in text
+
+
+# ---------------------------------------------------------------- the TPU lock
+
+
+def test_tpu_lock_is_the_cpu_lock_plus_libtpu():
+    pin = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)", re.MULTILINE)
+    root = REPO / "packages/jax_impl"
+    cpu = dict(pin.findall((root / "requirements-cpu.lock").read_text()))
+    tpu_text = (root / "requirements-tpu.lock").read_text()
+    tpu = dict(pin.findall(tpu_text))
+    assert {k: v for k, v in tpu.items() if k != "libtpu"} == cpu
+    assert tpu["libtpu"] == "0.0.42.1" and tpu["jax"] == tpu["jaxlib"] == "0.10.2"
+    requirements = re.split(r"\n(?=[A-Za-z0-9])", tpu_text.strip())
+    assert all("--hash=sha256:" in requirement for requirement in requirements)
+    assert "find-links" not in tpu_text and "/opt/" not in tpu_text
+
+
+def test_dvc_pipeline_has_no_tpu_stage():
+    """The TPU subject is optional: the default `dvc repro` neither runs nor reads it."""
+    text = (REPO / "dvc.yaml").read_text()
+    assert not re.search(r"\btpu\b|jax@tpu|tpu_", text, re.IGNORECASE)
+    assert not Path(REPO / "artifacts" / "jax@tpu").is_symlink()
+
+
+def test_judge_names_the_precision_in_the_validation_environment():
+    """pipelines/checks/tpu.py, where it runs (ONNX Runtime, no framework): the cause each failing check of a
+    run below float32 ends with, and the absence of that cause for a run at `highest`."""
+    from support import run_in
+
+    code = ("import json; from pipelines.checks.tpu import precision_cause; "
+            "ops = json.load(open('tpu/op_accuracy.json')); "
+            "print(json.dumps([precision_cause({'precision': 'default', 'jax_default_matmul_precision': None}, ops), "
+            "precision_cause({'precision': 'highest', 'jax_default_matmul_precision': 'highest'}, ops)]))")
+    done = run_in("validation", code)
+    assert done.returncode == 0, done.stderr
+    default, highest = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report.names_precision({"detail": default})
+    assert "2.4e-03 relative error against 7.3e-08 at highest" in default
+    assert not report.names_precision({"detail": highest}) and "not the matrix precision" in highest
