@@ -16,11 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.checks import tpu_bounds
-from pipelines.report import tpu as report
 from rosetta_common.spec import load_spec
 from support import REPO, orchestrator_env
-from tooling import tpu_check
+from tooling import tpu_bounds, tpu_check
+from tooling import tpu_report as report
 
 TPU = REPO / "tpu"
 SPEC = load_spec(REPO / "params.yaml")
@@ -177,11 +176,11 @@ def test_dvc_pipeline_has_no_tpu_stage():
 
 
 def test_judge_names_the_precision_in_the_validation_environment():
-    """pipelines/checks/tpu.py, where it runs (ONNX Runtime, no framework): the cause each failing check of a
+    """tooling/tpu_judge.py, where it runs (ONNX Runtime, no framework): the cause each failing check of a
     run below float32 ends with, and the absence of that cause for a run at `highest`."""
     from support import run_in
 
-    code = ("import json; from pipelines.checks.tpu import precision_cause; "
+    code = ("import json; from tooling.tpu_judge import precision_cause; "
             "ops = json.load(open('tpu/op_accuracy.json')); "
             "print(json.dumps([precision_cause({'precision': 'default', 'jax_default_matmul_precision': None}, ops), "
             "precision_cause({'precision': 'highest', 'jax_default_matmul_precision': 'highest'}, ops)]))")

@@ -11,11 +11,11 @@ What it does on a TPU host, in order (the CPU runs, artifacts/<framework>/, come
    unset) or the TPU interpreter (tpu_python) cannot import libtpu and the jax package's needs, naming what is
    missing.
 2. Measures every op the models use against float64 at both precisions (tooling/tpu_ops.py) and derives the
-   bounds from it (pipelines/checks/tpu_bounds.py): written before any run is compared.
+   bounds from it (tooling/tpu_bounds.py): written before any run is compared.
 3. Trains, exports and records the JAX stage on the TPU at `highest` and at JAX's default precision
    (tooling/tpu_train.py), each as the subject `jax@tpu` in a folder of its own.
-4. Judges each against every CPU run present (pipelines/checks/tpu.py) and writes reports/tpu-check/: each
-   precision's result JSON and report.md (pipelines/report/tpu.py). Exit 0 only if the `highest` run passes and
+4. Judges each against every CPU run present (tooling/tpu_judge.py) and writes reports/tpu-check/: each
+   precision's result JSON and report.md (tooling/tpu_report.py). Exit 0 only if the `highest` run passes and
    the default-precision run fails naming the matrix precision.
 Without a TPU only steps 1 and the bounds, judge and report subcommands run (tests/test_tpu_check.py).
 """
@@ -80,8 +80,8 @@ def write_json(path: Path, value: Any) -> None:
 def bounds(op_file: Path, out: Path) -> dict[str, Any]:
     """The bounds of every model at both precisions from a recorded op-accuracy file."""
     from pipelines import paths
-    from pipelines.checks.tpu_bounds import derive
     from rosetta_common.spec import load_spec
+    from tooling.tpu_bounds import derive
 
     spec = load_spec(paths.PARAMS)
     derived = derive(json.loads(op_file.read_text()), spec.tolerances, list(spec.models))
@@ -90,12 +90,12 @@ def bounds(op_file: Path, out: Path) -> dict[str, Any]:
 
 
 def unpack(pack: Path, precision: str) -> Path:
-    """A tooling/tpu_train.py archive into artifacts/<subject>/ (pipelines/checks/tpu.py's subject_name)."""
+    """A tooling/tpu_train.py archive into artifacts/<subject>/ (tooling/tpu_judge.py's subject_name)."""
     import shutil
     import tempfile
 
     from pipelines import paths
-    from pipelines.checks.tpu_bounds import subject_name
+    from tooling.tpu_bounds import subject_name
 
     target = paths.framework_dir(subject_name(precision))
     shutil.rmtree(target, ignore_errors=True)
@@ -135,7 +135,7 @@ def run_on_tpu(out: Path) -> int:
 
 def report(results: list[Path], out: Path, bounds_file: Path | None = None) -> int:
     """reports/tpu-check/report.md from result files; exit 0 only where the verdicts are the expected ones."""
-    from pipelines.report.tpu import expected_verdicts, write_report
+    from tooling.tpu_report import expected_verdicts, write_report
 
     loaded = [json.loads(p.read_text()) for p in results]
     derived = json.loads(bounds_file.read_text()) if bounds_file is not None and bounds_file.is_file() else None
@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tpu-check: bounds -> {args.out}")
         return 0
     if args.command == "judge":
-        from pipelines.checks.tpu import judge
+        from tooling.tpu_judge import judge
 
         result = judge(json.loads(args.bounds.read_text()), args.precision, json.loads(args.ops.read_text()),
                        args.cpu)

@@ -1,5 +1,5 @@
 """The accuracy of every float32 op the models use, on the device JAX runs on, against float64: the input of the
-TPU bounds (pipelines/checks/tpu.py derives the step-1 loss and lockstep bounds from it).
+TPU bounds (tooling/tpu_bounds.py derives the step-1 loss and lockstep bounds from it).
 
     python -m tooling.tpu_ops --json OUT.json [--size N] [--repeats R]
 

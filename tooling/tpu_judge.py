@@ -1,5 +1,5 @@
 """The TPU subject (`jax@tpu`, tooling/tpu_train.py's run folders) judged against every CPU run present, by the
-rules every pair of frameworks is judged by, with the bounds of pipelines/checks/tpu_bounds.py in place of the
+rules every pair of frameworks is judged by, with the bounds of tooling/tpu_bounds.py in place of the
 CPU's float32 ones.
 
 Per model: the run's files against export.json's sha256 (and tpu.json's record of what stayed on the TPU host);
@@ -34,13 +34,13 @@ from pipelines.checks.lockstep import lockstep_checkpoints
 from pipelines.checks.parity import running_statistics, training_parity
 from pipelines.checks.replicates import read_replicates
 from pipelines.checks.sessions import open_session, run_onnx
-from pipelines.checks.tpu_bounds import CLAIMED, subject_name, tolerances_for
 from rosetta_common.data import Dataset, load_for
 from rosetta_common.io import read_json, sha256
 from rosetta_common.metrics import accuracy, max_abs_diff, softmax_cross_entropy
 from rosetta_common.onnx_conventions import violations
 from rosetta_common.spec import Spec, load_spec
 from rosetta_common.training import plan
+from tooling.tpu_bounds import CLAIMED, subject_name, tolerances_for
 
 
 def intact(ledger: Ledger, arch: str, subject: str, record: dict[str, Any]) -> dict[str, Any] | None:

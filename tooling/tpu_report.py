@@ -1,4 +1,4 @@
-"""The TPU section: what `make tpu-check` found (pipelines/checks/tpu.py's results, one per matrix precision), as
+"""The TPU section: what `make tpu-check` found (tooling/tpu_judge.py's results, one per matrix precision), as
 reports/tpu-check/report.md: per model the step where the TPU run parts from each CPU run, the verdict, the
 closest margin, and the TPU's training step time against the CPU's; then the bounds and every failing check.
 
@@ -118,7 +118,7 @@ def bounds_table(bounds: dict[str, Any]) -> str:
 def render(results: list[dict[str, Any]], bounds: dict[str, Any] | None = None) -> str:
     order = sorted(results, key=lambda r: r["precision"] != CLAIMED)
     parts = ["# TPU check", "The JAX stage trained and exported on a TPU, judged against the CPU runs "
-             "(pipelines/checks/tpu.py) at float32 products (`highest`) and at JAX's default TPU precision."]
+             "(tooling/tpu_judge.py) at float32 products (`highest`) and at JAX's default TPU precision."]
     if bounds is not None:
         parts += ["## Bounds (float32 products)", bounds_table(bounds)]
     parts += [section(r) for r in order]
