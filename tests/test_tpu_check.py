@@ -190,3 +190,44 @@ def test_judge_names_the_precision_in_the_validation_environment():
     assert report.names_precision({"detail": default})
     assert "2.4e-03 relative error against 7.3e-08 at highest" in default
     assert not report.names_precision({"detail": highest}) and "not the matrix precision" in highest
+
+
+# ---------------------------------------------------------------- the TPU host's side, on the CPU
+
+
+def test_pin_precision_overrides_configure_in_the_jax_environment():
+    """tooling/tpu_train.py's default-precision run: every configure() ends with JAX's own default (None)."""
+    from support import run_in
+
+    code = ("import jax, rosetta_jax; from tooling.tpu_train import pin_precision; rosetta_jax.configure(0); "
+            "a = jax.config.jax_default_matmul_precision; pin_precision(None); rosetta_jax.configure(0); "
+            "print(a, jax.config.jax_default_matmul_precision)")
+    done = run_in("jax", code, JAX_PLATFORMS="cpu")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "highest None"
+
+
+def test_slim_keeps_what_the_validator_reads(tmp_path):
+    import numpy as np
+
+    from rosetta_common.io import sha256
+    from tooling.tpu_train import slim
+
+    run = tmp_path / "mlp"
+    (run / "native").mkdir(parents=True)
+    for name in ("init.onnx", "taps.npz", "native/params.msgpack", "model.onnx"):
+        (run / name).write_bytes(name.encode())
+    with open(run / "checkpoints.npz", "wb") as f:
+        np.savez(f, **{"step1/w": np.ones(3), "replicate1/step1/w": np.zeros(3),
+                       "replicate1/step_losses": np.arange(4.0)})
+    recorded = {name: sha256(run / name) for name in ("init.onnx", "taps.npz", "native/params.msgpack",
+                                                       "model.onnx", "checkpoints.npz")}
+    (run / "export.json").write_text(json.dumps({"sha256": recorded}))
+    moved = slim(run)
+    assert set(moved["left_on_host"]) == {"init.onnx", "taps.npz", "native/params.msgpack"}
+    assert not (run / "native").exists() and (run / "model.onnx").is_file()
+    with np.load(run / "checkpoints.npz") as f:
+        assert sorted(f.files) == ["replicate1/step_losses", "step1/w"]
+    rewritten = moved["rewritten"]["checkpoints.npz"]
+    assert rewritten["export_sha256"] == recorded["checkpoints.npz"]
+    assert rewritten["sha256"] == sha256(run / "checkpoints.npz")

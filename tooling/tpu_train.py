@@ -10,7 +10,8 @@ beside `jax@tpu/tpu.json` (device, precision, the versions that ran) and `measur
 --slim keeps what the validator reads and what fits the way back: init.onnx, native/ and taps.npz stay on the host,
 and checkpoints.npz keeps the run's own states and the replicates' step losses (the replicates' states are 210 MB
 for the attention model); tpu.json records the sha256 export.json gave each file that stayed or was rewritten.
-Runs in this checkout's root with data/prepared and artifacts/init present; JAX must see a TPU (JAX_PLATFORMS
+Runs from this checkout's root with data/prepared and artifacts/init present, the stage in a scratch folder of its
+own (the checkout's artifacts/jax/ and measurements/ stay as they are); JAX must see a TPU (JAX_PLATFORMS
 unset or naming tpu), unless --allow-cpu (tests).
 """
 
@@ -18,9 +19,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import tarfile
+import tempfile
 import time
 from importlib import metadata
 from pathlib import Path
@@ -115,6 +118,40 @@ def stage(train_export: Any, models: list[str]) -> None:
     measurements.write_stage(clock.record(models=models, latency="not measured: onnxruntime is not installed"))
 
 
+def lay_out(scratch: Path, checkout: Path) -> Path:
+    """A working folder for the stage beside the checkout's own: its params.yaml, its prepared data and init
+    (linked), so the stage's artifacts/jax/ and measurements/ never touch the checkout's (the CPU run judged)."""
+    shutil.copy2(checkout / "params.yaml", scratch / "params.yaml")
+    for rel in ("data/prepared", "artifacts/init"):
+        (scratch / rel).parent.mkdir(parents=True, exist_ok=True)
+        (scratch / rel).symlink_to((checkout / rel).resolve(), target_is_directory=True)
+    return scratch
+
+
+def train(args: argparse.Namespace, device: Any, pack: Path) -> None:
+    """The stage in the current folder (lay_out's), then tpu.json and the archive at `pack`."""
+    import jax
+
+    from pipelines.stages import train_export
+
+    started = time.time()
+    stage(train_export, args.models)
+    record: dict[str, Any] = {
+        "subject": SUBJECT, "precision": args.precision,
+        "jax_default_matmul_precision": PRECISIONS[args.precision],
+        "device": {"platform": device.platform, "kind": device.device_kind, "count": jax.device_count()},
+        "versions": versions(), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        "seconds": round(time.time() - started, 1)}
+    if args.slim:
+        record["slimmed"] = {run.name: slim(run) for run in sorted(Path("artifacts/jax").iterdir()) if run.is_dir()}
+    Path("artifacts/jax/tpu.json").write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    pack.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(pack, "w:gz") as tar:
+        tar.add("artifacts/jax", arcname=SUBJECT)
+        tar.add("measurements", arcname=f"{SUBJECT}/measurements")
+    print(f"tpu_train: {args.precision}: {record['seconds']} s -> {pack}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--precision", choices=list(PRECISIONS), required=True)
@@ -130,26 +167,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: JAX sees no TPU (its first device is {device.platform})", file=sys.stderr)
         return 2
     pin_precision(PRECISIONS[args.precision])
-    from pipelines.stages import train_export
-
-    for folder in (Path("artifacts/jax"), Path("measurements")):
-        shutil.rmtree(folder, ignore_errors=True)
-    started = time.time()
-    stage(train_export, args.models)
-    record: dict[str, Any] = {
-        "subject": SUBJECT, "precision": args.precision,
-        "jax_default_matmul_precision": PRECISIONS[args.precision],
-        "device": {"platform": device.platform, "kind": device.device_kind, "count": jax.device_count()},
-        "versions": versions(), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
-        "seconds": round(time.time() - started, 1)}
-    if args.slim:
-        record["slimmed"] = {run.name: slim(run) for run in sorted(Path("artifacts/jax").iterdir()) if run.is_dir()}
-    Path("artifacts/jax/tpu.json").write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
-    args.pack.parent.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(args.pack, "w:gz") as tar:
-        tar.add("artifacts/jax", arcname=SUBJECT)
-        tar.add("measurements", arcname=f"{SUBJECT}/measurements")
-    print(f"tpu_train: {args.precision}: {record['seconds']} s -> {args.pack}")
+    pack = args.pack.resolve()
+    here = Path.cwd()
+    with tempfile.TemporaryDirectory(prefix="rosetta-tpu-") as scratch:
+        os.chdir(lay_out(Path(scratch), here))
+        try:
+            train(args, device, pack)
+        finally:
+            os.chdir(here)
     return 0
 
 
