@@ -1,6 +1,7 @@
 """NNX specifics: the ModelConfig is static graph data, so predict() compiles once per config and batch size;
-and every convention Flax has a choice in (BatchNorm momentum and variance, the stride-2 padding, the gate
-order and bias sides of the recurrent cells), planted wrongly, is caught against the float64 reference."""
+and every convention Flax's layers have a choice in (BatchNorm momentum and variance, the stride-2 padding, the
+GRU cell's recurrent bias), planted wrongly, is caught against the float64 reference (the weight map's gate order
+and bias sides: test_weights.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from rosetta_common.metrics import max_abs_diff, relative_diff
 from rosetta_common.reference import forward, forward_train
 from rosetta_common.spec import Spec
 from rosetta_common.testing import asymmetric_weights, small_config
-from rosetta_jax import models, weights
+from rosetta_jax import models
 from rosetta_jax.models import _forward
 
 SAME_ABS = 0.0  # one compiled function, different weights in: predict must equal a fresh model's bit for bit
@@ -88,22 +89,6 @@ def test_torchs_symmetric_padding_is_caught(monkeypatch: pytest.MonkeyPatch) -> 
     images = np.random.default_rng(7).random((5, *NON_SQUARE), dtype=np.float32)
     planted = rosetta_jax.predict(rosetta_jax.build(config, weights), images)
     assert max_abs_diff(planted, forward(config, weights, images, padding="symmetric")) <= FORWARD_ABS
-
-
-@pytest.mark.parametrize(("arch", "wrong_order"), [("lstm", ("f", "i", "g", "o")), ("lstm", ("i", "f", "o", "g")),
-                                                   ("gru", ("z", "r", "n"))],
-                         ids=["lstm-i_f", "lstm-g_o", "gru-keras_z_r"])
-def test_a_wrong_gate_order_is_caught(monkeypatch: pytest.MonkeyPatch, arch: str, wrong_order: tuple[str, ...]) -> None:
-    assert _logits_error(arch) <= FORWARD_ABS
-    monkeypatch.setitem(weights.FLAX_GATES, arch, wrong_order)
-    assert _logits_error(arch) > FAR * FORWARD_ABS
-
-
-def test_gru_biases_on_the_wrong_side_are_caught(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert _logits_error("gru") <= FORWARD_ABS
-    monkeypatch.setitem(weights.RENAMED, "gru.input_bias", "gru.cell.dense_h.bias")
-    monkeypatch.setitem(weights.RENAMED, "gru.recurrent_bias", "gru.cell.dense_i.bias")
-    assert _logits_error("gru") > FAR * FORWARD_ABS
 
 
 def test_stock_flax_gru_cell_cannot_hold_the_recurrent_new_gate_bias() -> None:

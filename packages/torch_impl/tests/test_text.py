@@ -100,7 +100,7 @@ def test_an_uninverted_mask_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     attends the padding alone. Far beyond the tolerance, which the right model meets."""
     model, weights, tokens = _setup(2)
     assert _logits_error(model, weights, tokens) <= FORWARD_ABS
-    monkeypatch.setattr(torch_models, "key_padding_mask", lambda mask: mask)
+    monkeypatch.setattr(torch_models, "attention_mask", lambda mask: mask)
     wrong = rosetta_torch.predict(model, tokens)
     assert np.isfinite(wrong).all()
     assert max_abs_diff(wrong, forward(model.config, weights, tokens)) > PLANTED_FACTOR * FORWARD_ABS
@@ -112,7 +112,7 @@ def test_an_uninverted_mask_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_an_uninverted_mask_enters_at_the_attention_weights(monkeypatch: pytest.MonkeyPatch) -> None:
     model, weights, tokens = _setup(3)
-    monkeypatch.setattr(torch_models, "key_padding_mask", lambda mask: mask)
+    monkeypatch.setattr(torch_models, "attention_mask", lambda mask: mask)
     assert_localized(rosetta_torch.forward_with_taps(model, tokens),
                      forward_with_taps(model.config, weights, tokens), "block.attn.weights", FORWARD_ABS)
 

@@ -314,13 +314,13 @@ class GRUClassifier(nnx.Module):
 
 # The text model's masks, each its own module-level function so that a test can plant the mistakes the
 # conformance suite names (the polarity inverted, padding pooled) in one place.
-def token_mask(tokens: jax.Array) -> jax.Array:
+def padding_mask(tokens: jax.Array) -> jax.Array:
     """(B, T) bool, True where a position holds a real token (not PAD_ID)."""
     return tokens != PAD_ID
 
 
 def attention_mask(real: jax.Array) -> jax.Array:
-    """nnx.MultiHeadAttention's `mask` from token_mask's (B, T): True = attend, the polarity of Flax's (and Keras')
+    """nnx.MultiHeadAttention's `mask` from padding_mask's (B, T): True = attend, the polarity of Flax's (and Keras')
     mask, the negation of torch's key_padding_mask. (B, 1, 1, T) broadcasts over heads and QUERIES: only padded
     keys are masked. nnx.make_attention_mask(real, real) would be (B, 1, T, T) with the padded query rows masked
     in full, and a softmax over no key at all (uniform or NaN) where the spec computes every query."""
@@ -328,7 +328,7 @@ def attention_mask(real: jax.Array) -> jax.Array:
 
 
 def masked_mean(x: jax.Array, real: jax.Array) -> jax.Array:
-    """The mean of x (B, T, E) over the real positions of token_mask's (B, T): padding is not pooled."""
+    """The mean of x (B, T, E) over the real positions of padding_mask's (B, T): padding is not pooled."""
     keep = real.astype(x.dtype)[..., None]
     return (x * keep).sum(axis=1) / keep.sum(axis=1)
 
@@ -366,10 +366,10 @@ class TextTransformer(nnx.Module):
         # The mask and pooling functions as static attributes (as nnx.MultiHeadAttention keeps its attention_fn):
         # part of the graphdef, so a model built while one is planted differently compiles anew instead of
         # reusing jit's cached program of the right one.
-        self.token_mask, self.attention_mask, self.masked_mean = token_mask, attention_mask, masked_mean
+        self.padding_mask, self.attention_mask, self.masked_mean = padding_mask, attention_mask, masked_mean
 
     def __call__(self, tokens: jax.Array, sow_weights: bool = False) -> jax.Array:
-        real = self.token_mask(tokens)
+        real = self.padding_mask(tokens)
         x = self.embed(tokens) + self.pos_embedding[: tokens.shape[1]]
         x = self.final_norm(self.block(x, self.attention_mask(real), sow_weights))
         return self.head(self.masked_mean(x, real))
@@ -459,8 +459,21 @@ def training_view(model: Model) -> Model:
     return nnx.view(model, use_running_average=False, closed_form_grad=True, raise_if_not_found=False)
 
 
-def apply(model: Model, images: jax.Array, dropout_mask: jax.Array | None) -> jax.Array:
-    """The model's forward with the step's dropout mask, for the models that have dropout."""
+def check_dropout_mask(config: ModelConfig, dropout_mask: np.ndarray | None, batch: int) -> None:
+    """ValueError (one line) for a mask the model cannot use."""
+    if dropout_mask is None:
+        return
+    features = dropout_features(config)
+    if features is None:
+        raise ValueError(f"dropout_mask of shape {np.shape(dropout_mask)}: the {config.arch} model has no "
+                         "dropout; allowed: None")
+    if np.shape(dropout_mask) != (batch, features):
+        raise ValueError(f"dropout_mask of shape {np.shape(dropout_mask)}: must be (batch, features) = "
+                         f"{(batch, features)}")
+
+
+def forward_logits(model: Model, images: jax.Array, dropout_mask: jax.Array | None) -> jax.Array:
+    """The model's forward, with the step's dropout mask for a model that has dropout (the ResNet)."""
     return model(images) if dropout_mask is None else model(images, dropout_mask)
 
 
@@ -468,21 +481,8 @@ def apply(model: Model, images: jax.Array, dropout_mask: jax.Array | None) -> ja
 def _forward_train(graphdef: nnx.GraphDef[Any], state: nnx.State, images: jax.Array,
                    dropout_mask: jax.Array | None) -> tuple[jax.Array, nnx.State]:
     model = nnx.merge(graphdef, state)
-    logits = apply(model, images, dropout_mask)
+    logits = forward_logits(model, images, dropout_mask)
     return logits, nnx.state(model, nnx.BatchStat)
-
-
-def check_dropout_mask(model: Model, images: np.ndarray, dropout_mask: np.ndarray | None) -> None:
-    """ValueError (one line) for a mask the model cannot use."""
-    if dropout_mask is None:
-        return
-    features = dropout_features(model.config)
-    if features is None:
-        raise ValueError(f"dropout_mask of shape {np.shape(dropout_mask)}: the {model.config.arch} model has no "
-                         "dropout; allowed: None")
-    if np.shape(dropout_mask) != (len(images), features):
-        raise ValueError(f"dropout_mask of shape {np.shape(dropout_mask)}: must be (batch, features) = "
-                         f"{(len(images), features)}")
 
 
 def forward_train(model: Model, images: np.ndarray, dropout_mask: np.ndarray | None) -> np.ndarray:
@@ -490,7 +490,7 @@ def forward_train(model: Model, images: np.ndarray, dropout_mask: np.ndarray | N
     batch's statistics and its running statistics move in place; the dropout mask (or none) multiplies the
     pooled features. The model stays in inference mode (only a view of it trains)."""
     x = model_input(model.config, images, "forward_train")
-    check_dropout_mask(model, images, dropout_mask)
+    check_dropout_mask(model.config, dropout_mask, len(images))
     graphdef, state = nnx.split(training_view(model))
     mask = None if dropout_mask is None else jnp.asarray(dropout_mask, jnp.float32)
     logits, statistics = _forward_train(graphdef, state, x, mask)

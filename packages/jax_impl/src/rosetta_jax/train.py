@@ -30,7 +30,7 @@ from rosetta_common.seeding import seed_everything
 from rosetta_common.spec import AdamSpec, ModelConfig, SGDSpec
 from rosetta_common.training import OptimizerSpec, StepHook, TrainPlan, dropout_masks
 from rosetta_common.weights import Weights, canonical_shapes, is_frozen
-from rosetta_jax.models import Model, apply, jax_ids, training_view
+from rosetta_jax.models import Model, forward_logits, jax_ids, training_view
 from rosetta_jax.weights import native_name
 
 
@@ -147,7 +147,7 @@ def apply_optimizer(optimizer: OptimizerSpec, params: Weights, grads: Sequence[W
 
 def loss_fn(model: Model, images: jax.Array, labels: jax.Array, dropout_mask: jax.Array | None) -> jax.Array:
     """Mean softmax cross-entropy from logits and integer labels."""
-    return optax.softmax_cross_entropy_with_integer_labels(apply(model, images, dropout_mask), labels).mean()
+    return optax.softmax_cross_entropy_with_integer_labels(forward_logits(model, images, dropout_mask), labels).mean()
 
 
 StepOut = tuple[nnx.State, nnx.State, optax.OptState, jax.Array]

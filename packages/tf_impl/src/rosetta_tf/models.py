@@ -474,7 +474,7 @@ def model_input(config: ModelConfig, x: Any, where: str) -> tf.Tensor:
     """What the model reads, as a tensor. Token ids are checked (rosetta_common.inputs: a one-line InputError for a
     wrong dtype or shape, an id outside the vocabulary, a sequence longer than max_length, a row of padding alone):
     Keras would cast a wrong dtype silently, and a bad id fails far less clearly in a graph, or not at all on a GPU.
-    Images are cast to float32 as they always were (as rosetta_torch's as_input does), so the image models' predict,
+    Images are cast to float32 as they always were (as rosetta_torch's model_input does), so the image models' predict,
     taps and SavedModel calls take exactly what they took before the text model."""
     if config.input.kind == "images":
         return tf.constant(np.asarray(x, np.float32))
@@ -534,6 +534,18 @@ def training_view(model: keras.Model) -> keras.Model:
     return _TRAINING[model]
 
 
+def check_dropout_mask(config: ModelConfig, dropout_mask: np.ndarray | None, batch: int) -> None:
+    """ValueError (one line) for a mask the model cannot use."""
+    if dropout_mask is None:
+        return
+    features = dropout_features(config)
+    shape = np.shape(dropout_mask)
+    if features is None:
+        raise ValueError(f"dropout_mask of shape {shape}: the {config.arch} model has no dropout; allowed: None")
+    if shape != (batch, features):
+        raise ValueError(f"dropout_mask shape = {shape}: allowed: {(batch, features)} (batch, pooled features)")
+
+
 _TRAIN_FORWARDS: weakref.WeakKeyDictionary[keras.Model, Any] = weakref.WeakKeyDictionary()
 
 
@@ -544,17 +556,13 @@ def forward_train(model: keras.Model, images: np.ndarray, dropout_mask: np.ndarr
     inference mode again right after (predict calls it with training=False)."""
     config = model_config(model)
     x = model_input(config, images, "forward_train")
+    batch = int(x.shape[0])
+    check_dropout_mask(config, dropout_mask, batch)
     features = dropout_features(config)
     if features is None:
-        if dropout_mask is not None:
-            raise ValueError(f"dropout_mask of shape {np.shape(dropout_mask)}: the {config.arch} model has no "
-                             "dropout; allowed: None")
         mask = None
     else:
-        expected = (int(x.shape[0]), features)
-        mask = np.ones(expected, np.float32) if dropout_mask is None else np.asarray(dropout_mask, np.float32)
-        if mask.shape != expected:
-            raise ValueError(f"dropout_mask shape = {mask.shape}: allowed: {expected} (batch, pooled features)")
+        mask = np.ones((batch, features), np.float32) if dropout_mask is None else np.asarray(dropout_mask, np.float32)
     if model not in _TRAIN_FORWARDS:
         trainer = training_view(model)
         if mask is None:

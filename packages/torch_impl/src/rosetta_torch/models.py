@@ -21,7 +21,7 @@ The conventions torch does not share with the spec are reconciled here, where th
 - dropout: the model keeps nn.Dropout (identity in eval mode); a training step multiplies by the shared mask
   instead (ResNet.forward says why);
 - the text model's padding (TextTransformer): nn.MultiheadAttention's key_padding_mask means True = IGNORE, the
-  negation of the spec's (and Keras', Flax's) "attend" mask (`key_padding_mask`); nn.Embedding's padding_idx
+  negation of the spec's (and Keras', Flax's) "attend" mask (`attention_mask` negates it); nn.Embedding's padding_idx
   row gets no gradient (so training never moves it: the other frameworks' gradient for it is zero anyway, as
   padding reaches no output); the pool is the mean over real tokens (`masked_mean`); nn.MultiheadAttention's
   inference fast path is off in predict, so that predict runs the ops the exports hold (`exported_attention`).
@@ -118,7 +118,7 @@ class FeedForward(nn.Module):
         return self.fc2(F.gelu(self.fc1(x)))  # exact (erf) GELU
 
 
-class Block(nn.Module):
+class EncoderBlock(nn.Module):
     """Pre-norm Transformer encoder block."""
 
     def __init__(self, embed_dim: int, num_heads: int, mlp_dim: int, eps: float) -> None:
@@ -141,7 +141,7 @@ class AttentionClassifier(nn.Module):
         super().__init__()
         self.embed = nn.Linear(width, embed_dim)
         self.pos_embedding = nn.Parameter(torch.zeros(height, embed_dim))
-        self.block = Block(embed_dim, num_heads, mlp_dim, eps)
+        self.block = EncoderBlock(embed_dim, num_heads, mlp_dim, eps)
         self.final_norm = nn.LayerNorm(embed_dim, eps=eps)
         self.head = nn.Linear(embed_dim, num_classes)
 
@@ -149,69 +149,6 @@ class AttentionClassifier(nn.Module):
         x = self.embed(images) + self.pos_embedding
         x = self.final_norm(self.block(x))
         return self.head(x.mean(dim=1))
-
-
-def padding_mask(tokens: torch.Tensor) -> torch.Tensor:
-    """(B, T) bool, True where a position holds a real token (rosetta_common.inputs.padding_mask's polarity, the
-    "attend" one): the pooling's weights, and negated, torch's key_padding_mask."""
-    return tokens != PAD_ID
-
-
-def key_padding_mask(mask: torch.Tensor) -> torch.Tensor:
-    """nn.MultiheadAttention's key_padding_mask for a padding_mask: torch's True means IGNORE that key, the
-    opposite of Keras' attention_mask, Flax's mask and F.scaled_dot_product_attention's boolean attn_mask."""
-    return ~mask
-
-
-def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """The mean over the real tokens of each row, (B, T, E) -> (B, E): padded positions are left out."""
-    weights = mask.unsqueeze(-1).to(x.dtype)
-    return (x * weights).sum(dim=1) / weights.sum(dim=1)
-
-
-class TextBlock(nn.Module):
-    """Pre-norm Transformer encoder block around torch's nn.MultiheadAttention (one fused in_proj for q, k, v, all
-    with biases; out_proj), the padded keys masked by key_padding_mask. Written out rather than
-    nn.TransformerEncoderLayer: its inference fast path turns a padded batch into a nested tensor and returns zeros
-    at the padded positions, where the spec computes every position as a query."""
-
-    def __init__(self, embed_dim: int, num_heads: int, mlp_dim: int, eps: float) -> None:
-        super().__init__()
-        self.norm1 = nn.LayerNorm(embed_dim, eps=eps)
-        self.attn = nn.MultiheadAttention(embed_dim, num_heads, bias=True, batch_first=True)
-        self.norm2 = nn.LayerNorm(embed_dim, eps=eps)
-        self.mlp = FeedForward(embed_dim, mlp_dim)
-        # The key bias is frozen (rosetta_common.weights.FROZEN): its rows of the fused in_proj_bias get no gradient,
-        # so Adam leaves them exactly as loaded. A hook, not requires_grad: the q and v rows of the same tensor train.
-        key_rows = torch.arange(embed_dim, 2 * embed_dim)
-        self.attn.in_proj_bias.register_hook(lambda grad: grad.index_fill(0, key_rows.to(grad.device), 0.0))
-
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:  # (B, T, E), (B, T) True = token
-        n = self.norm1(x)
-        # No attention weights asked for: torch then runs scaled_dot_product_attention (the taps ask for them).
-        attended, _ = self.attn(n, n, n, key_padding_mask=key_padding_mask(mask), need_weights=False)
-        x = x + attended
-        return x + self.mlp(self.norm2(x))
-
-
-class TextTransformer(nn.Module):
-    """Token ids (B, T), 1 <= T <= max_length, PAD_ID padding: nn.Embedding (padding_idx: its row starts at zero and
-    never gets a gradient) + learned positions 0..T-1, one block, LayerNorm, the mean over real tokens, Linear."""
-
-    def __init__(self, vocab_size: int, max_length: int, spec: TextTransformerSpec, num_classes: int) -> None:
-        super().__init__()
-        e, eps = spec.embed_dim, spec.layer_norm_eps
-        self.embed = nn.Embedding(vocab_size, e, padding_idx=PAD_ID)
-        self.pos_embedding = nn.Parameter(torch.zeros(max_length, e))
-        self.block = TextBlock(e, spec.num_heads, spec.mlp_dim, eps)
-        self.final_norm = nn.LayerNorm(e, eps=eps)
-        self.head = nn.Linear(e, num_classes)
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:  # (B, T) int64
-        mask = padding_mask(tokens)
-        x = self.embed(tokens) + self.pos_embedding[: tokens.shape[1]]
-        x = self.final_norm(self.block(x, mask))
-        return self.head(masked_mean(x, mask))
 
 
 def torch_momentum(batchnorm_momentum: float) -> float:
@@ -349,6 +286,70 @@ class GRUClassifier(nn.Module):
         return self.head(outputs[:, -1])
 
 
+def padding_mask(tokens: torch.Tensor) -> torch.Tensor:
+    """(B, T) bool, True where a position holds a real token (rosetta_common.inputs.padding_mask's polarity, the
+    "attend" one): the pooling's weights, and negated, torch's key_padding_mask."""
+    return tokens != PAD_ID
+
+
+def attention_mask(mask: torch.Tensor) -> torch.Tensor:
+    """The attention layer's mask for a padding_mask: nn.MultiheadAttention's key_padding_mask, whose True means
+    IGNORE that key, the opposite of Keras' attention_mask, Flax's mask and F.scaled_dot_product_attention's boolean
+    attn_mask."""
+    return ~mask
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The mean over the real tokens of each row, (B, T, E) -> (B, E): padded positions are left out."""
+    weights = mask.unsqueeze(-1).to(x.dtype)
+    return (x * weights).sum(dim=1) / weights.sum(dim=1)
+
+
+class TextEncoderBlock(nn.Module):
+    """Pre-norm Transformer encoder block around torch's nn.MultiheadAttention (one fused in_proj for q, k, v, all
+    with biases; out_proj), the padded keys masked by key_padding_mask. Written out rather than
+    nn.TransformerEncoderLayer: its inference fast path turns a padded batch into a nested tensor and returns zeros
+    at the padded positions, where the spec computes every position as a query."""
+
+    def __init__(self, embed_dim: int, num_heads: int, mlp_dim: int, eps: float) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(embed_dim, eps=eps)
+        self.attn = nn.MultiheadAttention(embed_dim, num_heads, bias=True, batch_first=True)
+        self.norm2 = nn.LayerNorm(embed_dim, eps=eps)
+        self.mlp = FeedForward(embed_dim, mlp_dim)
+        # The key bias is frozen (rosetta_common.weights.FROZEN): its rows of the fused in_proj_bias get no gradient,
+        # so Adam leaves them exactly as loaded. A hook, not requires_grad: the q and v rows of the same tensor train.
+        key_rows = torch.arange(embed_dim, 2 * embed_dim)
+        self.attn.in_proj_bias.register_hook(lambda grad: grad.index_fill(0, key_rows.to(grad.device), 0.0))
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:  # (B, T, E), (B, T) True = token
+        n = self.norm1(x)
+        # No attention weights asked for: torch then runs scaled_dot_product_attention (the taps ask for them).
+        attended, _ = self.attn(n, n, n, key_padding_mask=attention_mask(mask), need_weights=False)
+        x = x + attended
+        return x + self.mlp(self.norm2(x))
+
+
+class TextTransformer(nn.Module):
+    """Token ids (B, T), 1 <= T <= max_length, PAD_ID padding: nn.Embedding (padding_idx: its row starts at zero and
+    never gets a gradient) + learned positions 0..T-1, one block, LayerNorm, the mean over real tokens, Linear."""
+
+    def __init__(self, vocab_size: int, max_length: int, spec: TextTransformerSpec, num_classes: int) -> None:
+        super().__init__()
+        e, eps = spec.embed_dim, spec.layer_norm_eps
+        self.embed = nn.Embedding(vocab_size, e, padding_idx=PAD_ID)
+        self.pos_embedding = nn.Parameter(torch.zeros(max_length, e))
+        self.block = TextEncoderBlock(e, spec.num_heads, spec.mlp_dim, eps)
+        self.final_norm = nn.LayerNorm(e, eps=eps)
+        self.head = nn.Linear(e, num_classes)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:  # (B, T) int64
+        mask = padding_mask(tokens)
+        x = self.embed(tokens) + self.pos_embedding[: tokens.shape[1]]
+        x = self.final_norm(self.block(x, mask))
+        return self.head(masked_mean(x, mask))
+
+
 def create(config: ModelConfig) -> nn.Module:
     """A freshly initialised module of `config.arch`, recording `config` as `model.config`.
 
@@ -395,7 +396,12 @@ def build(config: ModelConfig, weights: Weights) -> nn.Module:
     return model.to(default_device()).eval()
 
 
-def as_input(model: nn.Module, x: np.ndarray) -> torch.Tensor:
+def model_config(model: nn.Module) -> ModelConfig:
+    """The validated config `model` was built from."""
+    return model.config
+
+
+def model_input(model: nn.Module, x: np.ndarray) -> torch.Tensor:
     """The model's input as a tensor on its device: images as float32; token ids checked first
     (config.input.check: an id outside the vocabulary, another dtype, a sequence longer than max_length or a row
     of padding alone is one InputError line, not an IndexError or NaN from inside torch)."""
@@ -425,14 +431,9 @@ def predict(model: nn.Module, inputs: np.ndarray) -> np.ndarray:
     """Logits (batch, classes) float32 for images (batch, height, width) float32 in [0, 1], or token ids
     int64 (batch, length), 1 <= length <= max_length, PAD_ID padding (checked: InputError)."""
     model.eval()
-    x = as_input(model, inputs)
+    x = model_input(model, inputs)
     with exported_attention():
         return model(x).float().cpu().numpy()
-
-
-def model_config(model: nn.Module) -> ModelConfig:
-    """The validated config `model` was built from."""
-    return model.config
 
 
 def check_dropout_mask(config: ModelConfig, dropout_mask: np.ndarray | None, batch: int) -> None:
@@ -462,7 +463,7 @@ def forward_train(model: nn.Module, images: np.ndarray, dropout_mask: np.ndarray
     config: ModelConfig = model.config
     check_dropout_mask(config, dropout_mask, len(images))
     device = model_device(model)
-    x = as_input(model, images)
+    x = model_input(model, images)
     features = dropout_features(config)
     if dropout_mask is None and features is not None:
         # The contract's None means no dropout; in train() mode nn.Dropout would drop units at random instead.

@@ -27,7 +27,7 @@ from torch.overrides import TorchFunctionMode
 
 from rosetta_common.spec import ModelConfig
 from rosetta_common.taps import Tap, module_sources, taps
-from rosetta_torch.models import as_input
+from rosetta_torch.models import model_input
 
 # Tap -> where torch's forward holds it: (module path, "output" | "input" | the name of a torch function called in
 # that module's own forward, first call); rosetta_common.taps.MODULE_SOURCES with torch's own entries. "" is the
@@ -94,7 +94,7 @@ def forward_with_taps(model: nn.Module, images: np.ndarray) -> dict[str, np.ndar
     model.eval()
     config: ModelConfig = model.config
     sources = SOURCES[config.arch]
-    x = as_input(model, images)
+    x = model_input(model, images)
     modules = dict(model.named_modules())
     read: dict[tuple[str, str], Any] = {}
     scope: list[str] = []
