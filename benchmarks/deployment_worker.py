@@ -74,7 +74,7 @@ def load(name: str, path: Path) -> Callable[[Any], Any]:
 
         import onnxruntime as ort
 
-        options = ort.SessionOptions()  # as pipelines/checks/sessions.py and pipelines/serve_onnx.py open theirs
+        options = ort.SessionOptions()  # as pipelines/checks/sessions.py and pipelines/serving/onnx.py open theirs
         options.log_severity_level = 3
         options.intra_op_num_threads = int(os.environ.get("ROSETTA_THREADS", "2"))
         options.inter_op_num_threads = 1

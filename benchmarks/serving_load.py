@@ -145,7 +145,7 @@ def fail(message: str) -> SystemExit:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    from pipelines.serving import SERVERS
+    from pipelines.serving.servers import SERVERS
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--artifacts", type=Path, default=REPO / "artifacts", help="a finished run's artifacts")
@@ -221,7 +221,7 @@ def in_environment(environment: str, module: str, job: dict[str, Any], scratch: 
 
 def measure_in_process(servers: list[Any], model: str, batch_paths: dict[str, str],
                        scratch: Path) -> dict[tuple[str, int], dict[str, Any]]:
-    from pipelines.serving import SERVERS
+    from pipelines.serving.servers import SERVERS
 
     found = {}
     for server in servers:
@@ -238,7 +238,8 @@ def measure_in_process(servers: list[Any], model: str, batch_paths: dict[str, st
 
 
 def run(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
-    from pipelines import resources, serving
+    from pipelines import resources
+    from pipelines.serving import servers as serving
 
     batch_paths = batches(args.data, args.batches, scratch)
     for model in args.models:

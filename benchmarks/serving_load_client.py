@@ -61,7 +61,7 @@ def cpu_seconds(pid: int | None = None) -> float:
 
 
 def v2_body(images: np.ndarray) -> bytes:
-    """The V2 REST request body, built as pipelines.serving_client.infer_v2 builds it (once per batch here)."""
+    """The V2 REST request body, built as pipelines.serving.client.infer_v2 builds it (once per batch here)."""
     tensor = {"name": INPUT_NAME, "shape": list(images.shape), "datatype": "FP32", "data": images.ravel().tolist()}
     return json.dumps({"inputs": [tensor]}).encode()
 
@@ -172,7 +172,7 @@ class GrpcWorker:
 
 
 def grpc_message(model: str, images: np.ndarray) -> Any:
-    """The V2 gRPC request, built as pipelines.serving_client.infer_grpc builds it (raw float32)."""
+    """The V2 gRPC request, built as pipelines.serving.client.infer_grpc builds it (raw float32)."""
     serving.import_kserve()
     from kserve.protocol.infer_type import InferInput, InferRequest
 

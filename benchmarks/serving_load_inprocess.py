@@ -3,9 +3,9 @@ in this process on the same batches.
 
     python -m pipelines.runner torch -- python -m benchmarks.serving_load_inprocess JOB.json RESULT.json
 
-JOB.json names the server (a key of pipelines.serving.SERVERS), its module, the artifacts folder it serves, the
+JOB.json names the server (a key of pipelines.serving.servers.SERVERS), its module, the artifacts folder it serves, the
 model and the batches (.npy). This process imports the server's module (rosetta_torch.serve, rosetta_tf.serve,
-rosetta_jax.serve or pipelines.serve_onnx), configures the framework as that module's main does (its `configure`,
+rosetta_jax.serve or pipelines.serving.onnx), configures the framework as that module's main does (its `configure`,
 where it has one), loads the model with the module's own ServedModel class (the same export, the same loader,
 the same `forward` the server calls per request) and times `np.asarray(forward(images))`: WARMUP calls first (JAX
 compiles per batch shape), then calls until MIN_SECONDS have passed (at least MIN_CALLS, at most MAX_CALLS), each
@@ -23,14 +23,15 @@ from typing import Any
 
 import numpy as np
 
-from rosetta_common import serving
+from rosetta_common.serving import server as serving
 
 WARMUP = 5
 MIN_SECONDS, MIN_CALLS, MAX_CALLS = 1.0, 20, 500
 
 
-# The class of a served export, the `model=` each server's main hands to rosetta_common.serving.main: NativeModel in
-# the framework servers (beside it, InitModel serves the init weights: not what is measured), OnnxModel in ONNX's.
+# The class of a served export, the `model=` each server's main hands to rosetta_common.serving.server.main:
+# NativeModel in the framework servers (beside it, InitModel serves the init weights: not what is measured),
+# OnnxModel in ONNX's.
 EXPORT_CLASSES = ("NativeModel", "OnnxModel")
 
 
@@ -38,7 +39,7 @@ def served_model_class(module: Any) -> type:
     """The module's class of a served export."""
     (found,) = [getattr(module, name) for name in EXPORT_CLASSES if hasattr(module, name)]
     if not issubclass(found, serving.ServedModel):
-        raise TypeError(f"{module.__name__}.{found.__name__}: not a rosetta_common.serving.ServedModel")
+        raise TypeError(f"{module.__name__}.{found.__name__}: not a rosetta_common.serving.server.ServedModel")
     return found
 
 

@@ -94,7 +94,7 @@ FORMATS: tuple[Format, ...] = (
         python="no: ONNX Runtime's C/C++ API (and C#, Java, JavaScript); Triton's ONNX Runtime backend is C++",
         model_code="no: the graph and weights in one file",
         servers="ONNX Runtime; Triton's ONNX Runtime backend (KServe's Triton runtime); OpenVINO (read_model)",
-        rosetta="pipelines.serve_onnx (KServe ModelServer on ONNX Runtime, validation environment)",
+        rosetta="pipelines.serving.onnx (KServe ModelServer on ONNX Runtime, validation environment)",
         sources=(ORT_C_API, TRITON_ONNX, KSERVE_RUNTIMES, OPENVINO_FORMATS),
     ),
 )

@@ -2,10 +2,10 @@
 thread, idle threads that block, CUDA first where onnxruntime-gpu finds a GPU with TF32 off there.
 
 Written once for the two places that run ONNX files: the validate stage's checks (pipelines/checks/sessions.py)
-and the ONNX model server (pipelines/serve_onnx.py), so the server answers with the very settings whose logits
+and the ONNX model server (pipelines/serving/onnx.py), so the server answers with the very settings whose logits
 validate judged. It is one of pipelines' own modules and imports none of them: pipelines.checks imports pipelines'
-own modules, so this cannot live in pipelines.checks without serve_onnx importing it back, a cycle between the two
-packages (tests/test_imports.py)."""
+own modules, so this cannot live in pipelines.checks without the ONNX server importing it back, a cycle between
+the two packages (tests/test_imports.py)."""
 
 from __future__ import annotations
 

@@ -17,8 +17,9 @@ import pytest
 import yaml
 
 from pipelines.containers import image_name
-from pipelines.serving import SERVERS
+from pipelines.serving.servers import SERVERS
 from rosetta_common import serving
+from rosetta_common.serving import cli
 from rosetta_common.spec import load_spec
 from tooling import kserve_manifests as km
 
@@ -82,7 +83,7 @@ def test_manifest_starts_the_right_server(server: str, tmp_path: Path) -> None:
             for a in spec["args"]]
     for flag in ("--artifacts", "--init"):
         Path(args[args.index(flag) + 1]).mkdir(parents=True)
-    parsed = serving.parse_args(args, "the manifest's command line")
+    parsed = cli.parse_args(args, "the manifest's command line")
     assert (parsed.http_port, parsed.grpc_port, parsed.host) == (8080, 8081, "0.0.0.0")
     assert parsed.artifacts == store / "artifacts" / (env if server != "onnx" else "torch")
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):

@@ -25,8 +25,9 @@ import numpy as np
 import pytest
 import yaml
 
-from pipelines import paths, serving
+from pipelines import paths
 from pipelines.checks import ledger as names
+from pipelines.serving import servers as serving
 from rosetta_common.data import Dataset, load_for
 from rosetta_common.io import sha256
 from rosetta_common.serving import SERVED_FORMAT, batch_sha256, init_name, served_models, served_name
@@ -332,7 +333,7 @@ def test_a_server_that_exits_at_once_is_one_error_line_and_nothing_is_published(
     """The ONNX server's module planted to exit at once: the stage names that server, how it ended and its last
     line, stops the others, and leaves the published folder as it was."""
     before = tree(copy.root / paths.SERVED)
-    module = copy.root / "pipelines/serve_onnx.py"
+    module = copy.root / "pipelines/serving/onnx.py"
     original = module.read_bytes()
     try:
         replace_file(module, b'raise SystemExit("error: planted: this server exits at once")\n')

@@ -1,7 +1,7 @@
 """The four model servers on the session's tiny run, for real: rosetta_torch.serve, rosetta_tf.serve and
-rosetta_jax.serve in their frameworks' environments, pipelines.serve_onnx (torch's model.onnx files under ONNX
-Runtime) in the validation environment, all started once for this module by pipelines.serving on free loopback
-ports, and traffic to 127.0.0.1 only.
+rosetta_jax.serve in their frameworks' environments, pipelines.serving.onnx (torch's model.onnx files under ONNX
+Runtime) in the validation environment, all started once for this module by pipelines.serving.servers on free
+loopback ports, and traffic to 127.0.0.1 only.
 
 On every server and every model: the logits served through V1 REST, V2 REST and V2 gRPC are bit for bit the
 in-process logits of the same export on the model's validation batch, images or the token model's int64 ids (the
@@ -36,7 +36,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pipelines import paths, serving, serving_client
+from pipelines import paths
+from pipelines.serving import client as serving_client
+from pipelines.serving import servers as serving
 from rosetta_common.data import Dataset, load_for
 from rosetta_common.inputs import PAD_ID
 from rosetta_common.reference import forward
@@ -117,7 +119,7 @@ import json, os, sys
 import numpy as np
 from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
 from kserve.protocol.infer_type import InferResponse
-from pipelines import serving_client as client
+from pipelines.serving import client
 
 config = json.loads(open(os.environ["ROSETTA_TEST_GRPC"]).read())
 batches = {model: np.load(path) for model, path in config["batches"].items()}

@@ -1,4 +1,4 @@
-"""The serve stage's container route without an engine: the command lines pipelines/serving_containers.py builds
+"""The serve stage's container route without an engine: the command lines pipelines/serving/containers.py builds
 (the run's network, each server's detached container, the probe, the client's container, the cleanup), the
 servers' `--host`, and that a start that fails half-way still removes every container and the network. The route
 itself runs for real in tests/test_containers.py's integration run (ROSETTA_RUNTIME=container dvc repro)."""
@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import serving, serving_containers
 from pipelines.containers import Engine
-from pipelines.serving_containers import (
+from pipelines.serving import containers as serving_containers
+from pipelines.serving import servers as serving
+from pipelines.serving.containers import (
     GRPC_PORT,
     HTTP_PORT,
     client_run_command,
@@ -26,7 +27,7 @@ from pipelines.serving_containers import (
     server_run_command,
     stop_command,
 )
-from rosetta_common import serving as common_serving
+from rosetta_common.serving import cli as common_serving
 from support import REPO
 
 DOCKER = Engine("docker")
@@ -54,7 +55,7 @@ def test_the_network_is_the_runs_own_and_internal():
     ("torch", "rosetta-torch:cpu", "rosetta_torch.serve", "artifacts/torch"),
     ("tf", "rosetta-tf:cpu", "rosetta_tf.serve", "artifacts/tf"),
     ("jax", "rosetta-jax:cpu", "rosetta_jax.serve", "artifacts/jax"),
-    ("onnx", "rosetta-validation:cpu", "pipelines.serve_onnx", "artifacts/torch"),  # torch's model.onnx
+    ("onnx", "rosetta-validation:cpu", "pipelines.serving.onnx", "artifacts/torch"),  # torch's model.onnx
 ])
 def test_each_server_is_a_detached_container_of_its_image_on_the_network(name, image, module, folder):
     argv = server(name)
@@ -89,7 +90,7 @@ def test_the_client_runs_in_a_validation_container_on_the_same_network_and_finds
 
 def test_readiness_is_probed_inside_each_server_container_and_the_stop_is_sigterm_then_kill():
     assert probe_command(DOCKER, f"{NETWORK}-tf", ["mlp", "mlp-init"]) == [
-        "docker", "exec", f"{NETWORK}-tf", "python", "-m", "pipelines.serving_probe", "http://127.0.0.1:8080",
+        "docker", "exec", f"{NETWORK}-tf", "python", "-m", "pipelines.serving.probe", "http://127.0.0.1:8080",
         "mlp", "mlp-init"]
     assert stop_command(DOCKER, ["a", "b"], serving.STOP_SECONDS) == ["docker", "stop", "--time", "30", "a", "b"]
     assert remove_command(DOCKER, ["a", "b"]) == ["docker", "rm", "--force", "a", "b"]

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from benchmarks import serving_load, serving_load_client
-from pipelines import measurements, paths, resources, serving
+from pipelines import measurements, paths, resources
+from pipelines.serving import servers as serving
 from pipelines.stages.report import build
 from report_fixtures import browser_missing, make_artifacts, run_in_browser
 from support import TinyRun

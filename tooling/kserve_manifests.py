@@ -1,6 +1,6 @@
 """KServe InferenceService manifests for the four model servers: written from SERVERS, checked against KServe's schema.
 
-    python -m tooling.kserve_manifests write            # deploy/kserve/<server>.yaml from pipelines/serving.py SERVERS
+    python -m tooling.kserve_manifests write    # deploy/kserve/<server>.yaml from pipelines.serving.servers.SERVERS
     python -m tooling.kserve_manifests check [FILE...]  # each manifest against KServe's own CRD schema (offline)
     python -m tooling.kserve_manifests vendor CRD.yaml --url URL --tag TAG   # re-vendor the schema from a CRD file
 
@@ -38,7 +38,7 @@ import yaml
 
 from pipelines.containers import image_name
 from pipelines.environments import ENVIRONMENTS, REPO_ROOT, thread_environment
-from pipelines.serving import SERVERS
+from pipelines.serving.servers import SERVERS
 from rosetta_common.serving import DNS_1123_LABEL, served_models
 from rosetta_common.spec import load_spec
 
@@ -55,7 +55,8 @@ DEPLOYMENT_MODE = "Standard"
 VARIANT = "cpu"
 THREADS = "2"  # the runner's default (pipelines/environments.py DEFAULT_THREADS); the CPU request matches it
 # A start imports kserve (~6 s of CPU) and the framework and loads every model twice (trained and init): 100 s for
-# the four side by side on 2 busy cores (pipelines/serving.py READY_SECONDS), so the startup probe allows 300 s.
+# the four side by side on 2 busy cores (pipelines/serving/servers.py READY_SECONDS), so the startup probe allows
+# 300 s.
 PROBE_PERIOD_S, STARTUP_FAILURES = 5, 60
 # Peak RSS once ready, each manifest's command run here on the committed run (trained + init models): tf 671 MB,
 # torch 463 MB, jax 368 MB, onnx 202 MB; the limit leaves tf three times that.
@@ -86,12 +87,12 @@ def python_path(env: str) -> str:
 
 def artifacts_of(server: str) -> str:
     """The artifacts folder a server serves: its framework's, torch's model.onnx files for the ONNX server (as
-    pipelines/serving.py ONNX_FROM)."""
+    pipelines/serving/servers.py ONNX_FROM)."""
     return f"{MODEL_DIR}/artifacts/{server if server != 'onnx' else 'torch'}"
 
 
 def server_args() -> list[str]:
-    """The command line every server takes (rosetta_common.serving.parse_args), less --artifacts."""
+    """The command line every server takes (rosetta_common.serving.cli.parse_args), less --artifacts."""
     return ["--init", f"{MODEL_DIR}/artifacts/init", "--host", "0.0.0.0",
             "--http-port", str(HTTP_PORT), "--grpc-port", str(GRPC_PORT)]
 

@@ -3,7 +3,7 @@ V2 REST and V2 gRPC of each, and what came back, published for the validate stag
 
     python -m pipelines.stages.serve [--client pipelines.stages.serve_client]
 
-Runs in the orchestrator's environment, as train_dp does: it starts the servers (pipelines/serving.py: torch, tf
+Runs in the orchestrator's environment, as train_dp does: it starts the servers (pipelines/serving/servers.py: torch, tf
 and jax each in its framework's environment serving its reloaded native export, onnx in the validation
 environment serving `serving.ONNX_FROM`'s model.onnx files under ONNX Runtime) as processes on 127.0.0.1 with free
 ports, waits until every one answers V2 readiness for every model (within READY_SECONDS), runs the client
@@ -25,7 +25,7 @@ float32, as always, token ids as int64) and the served names it was sent to. Por
 the output, which is byte for byte the same on every run; startup and per-request seconds go to
 measurements/stages/serve.json.
 
-ROSETTA_RUNTIME=container (pipelines/serving_containers.py): the stage makes an internal network of its own for the
+ROSETTA_RUNTIME=container (pipelines/serving/containers.py): the stage makes an internal network of its own for the
 run (rosetta-serve-<8 hex>), starts each server as a container of its framework's image on it (onnx: the validation
 image; `--host 0.0.0.0`, so the container's address on that network), waits for readiness probed inside each server
 container, runs the client in a validation container on the same network (servers addressed by container name),
@@ -52,7 +52,9 @@ from typing import Any
 
 import numpy as np
 
-from pipelines import measurements, paths, serving, serving_containers
+from pipelines import measurements, paths
+from pipelines.serving import containers as serving_containers
+from pipelines.serving import servers as serving
 from pipelines.stages import IMPORTS_STARTED, StageError, stage_main
 from rosetta_common.data import Dataset, load_for
 from rosetta_common.io import read_json, scratch_dir, sha256, staged_outputs, write_json

@@ -6,7 +6,7 @@ server, and each model's V2 metadata over REST and gRPC, written where the stage
 Started by pipelines/stages/serve.py once every server is ready (it names this module in dvc.yaml's command);
 never run by DVC itself. It runs in the validation environment because gRPC needs KServe's generated stubs and
 grpcio, which only the serving environments hold (the orchestrator, which starts and stops the servers, has
-neither); REST goes through the same pipelines.serving_client.
+neither); REST goes through the same pipelines.serving.client.
 
 The config (written by the stage): {"servers": {name: {"url": REST base, "grpc": host:port}}, "models": [served
 names], "batches": {served name: a .npy of the validation batch it is sent: float32 images or int64 token ids},
@@ -28,7 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from pipelines import paths, serving_client
+from pipelines import paths
+from pipelines.serving import client as serving_client
 from rosetta_common.io import read_json, write_json
 
 

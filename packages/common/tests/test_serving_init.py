@@ -10,17 +10,9 @@ import numpy as np
 import pytest
 
 from rosetta_common.errors import ArtifactError
-from rosetta_common.serving import (
-    INIT_SUFFIX,
-    find_models,
-    init_file,
-    init_forward,
-    init_name,
-    load_init,
-    parse_args,
-    served_models,
-    served_name,
-)
+from rosetta_common.serving.cli import find_models, parse_args
+from rosetta_common.serving.init_twins import init_file, init_forward, load_init
+from rosetta_common.serving.names import INIT_SUFFIX, init_name, served_models, served_name
 from rosetta_common.spec import ARCHITECTURES, TOKEN_ARCHITECTURES, ModelConfig, Spec
 from rosetta_common.weights import init_weights, save_weights
 

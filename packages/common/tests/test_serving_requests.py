@@ -1,4 +1,4 @@
-"""rosetta_common.serving's request checks, where there is no kserve (the orchestrator): importing the module and
+"""rosetta_common.serving's request checks, where there is no kserve (the orchestrator): importing the modules and
 checking a request need numpy alone. The servers themselves are tested for real in tests/test_serving.py."""
 
 import hashlib
@@ -9,12 +9,11 @@ import numpy as np
 import pytest
 
 from rosetta_common import data
-from rosetta_common.serving import (
+from rosetta_common.serving.names import batch_kind, batch_sha256
+from rosetta_common.serving.requests import (
     RequestError,
     Signature,
     TokenSignature,
-    batch_kind,
-    batch_sha256,
     images_from_v1,
     images_from_v2,
     request_input,

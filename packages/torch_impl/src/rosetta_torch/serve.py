@@ -3,24 +3,24 @@
     python -m pipelines.runner torch -- python -m rosetta_torch.serve --artifacts artifacts/torch \
         --init artifacts/init --http-port 8500 --grpc-port 8501
 
-KServe's ModelServer, V1 and V2 over REST and V2 over gRPC on 127.0.0.1, one line on stdout when ready, a clean
-stop on SIGTERM or SIGINT. Everything but loading and running the export is rosetta_common.serving's, shared
-with rosetta_tf.serve, rosetta_jax.serve and pipelines.serve_onnx (same names in each): an image model's FP32
-images and the token model's INT64 ids are decoded and checked there (Signature.of(config)), and load_native's
-program runs either.
+Only what is torch's: where the run's config is, how the program is loaded (rosetta_torch.export.load_native, no
+pickle), which models.build and models.predict make and run the init twin, and torch's deterministic kernels.
+The protocols, the checks of a request, the command line and the server are rosetta_common.serving's, the same
+for rosetta_tf.serve, rosetta_jax.serve and pipelines.serving.onnx.
 """
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from rosetta_common import serving
+from rosetta_common.interface import Predict
+from rosetta_common.serving import server
 from rosetta_common.spec import ModelConfig
 from rosetta_torch.export import PROGRAM_FILE, STATE_FILE, load_native, load_state_file
 from rosetta_torch.models import build, model_config, predict
 from rosetta_torch.train import configure
-
-kserve = serving.import_kserve()  # not `import kserve`: it would parse our command line
 
 SERVER = "torch"
 SERVED_FORMAT = serving.SERVED_FORMAT[SERVER]  # the key of load_native's predict that runs model.pt2
@@ -32,41 +32,22 @@ def run_config(run_dir: Path) -> ModelConfig:
     return model_config(load_state_file(run_dir / "native" / STATE_FILE))
 
 
-class NativeModel(serving.ServedModel, kserve.Model):
+class NativeModel(server.NativeModel):
     """One run folder's torch.export program, loaded once by rosetta_torch.export.load_native (no pickle)."""
 
-    def __init__(self, name: str, run_dir: Path) -> None:
-        super().__init__(name)
-        self.run_dir = run_dir
+    def load_export(self) -> Predict:
+        return load_native(self.run_dir / "native")[SERVED_FORMAT]
 
-    def load(self) -> bool:
-        self.signature = serving.Signature.of(run_config(self.run_dir))
-        self.forward = load_native(self.run_dir / "native")[SERVED_FORMAT]
-        self.ready = True
-        return self.ready
-
-
-class InitModel(serving.ServedModel, kserve.Model):
-    """<model>-init: rosetta_torch's model of the canonical init weights (models.build, eval mode, as train_export
-    builds it), run by models.predict; the run's config, the init stage's weights."""
-
-    def __init__(self, name: str, run_dir: Path, init_file: Path) -> None:
-        super().__init__(name)
-        self.run_dir, self.init_file = run_dir, init_file
-
-    def load(self) -> bool:
-        config = run_config(self.run_dir)
-        self.signature = serving.Signature.of(config)
-        self.forward = serving.init_forward(build, predict, config, self.init_file)
-        self.ready = True
-        return self.ready
+    def run_config(self) -> ModelConfig:
+        return run_config(self.run_dir)
 
 
 def main(argv: list[str] | None = None) -> int:
     # configure: torch's deterministic kernels, as train_export ran the same program (inference draws no random
     # number, so the seed is immaterial).
-    return serving.main(argv, server=SERVER, served_file=SERVED_FILE, model=NativeModel,
-                        init_model=InitModel, configure=lambda: configure(0))
+    init_model = functools.partial(server.InitModel, run_config=run_config, build=build, predict=predict)
+    return server.main(argv, server=SERVER, served_file=SERVED_FILE, model=NativeModel, init_model=init_model,
+                       configure=lambda: configure(0))
 
 
 if __name__ == "__main__":

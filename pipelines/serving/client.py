@@ -1,24 +1,17 @@
 """A small client of Rosetta's model servers: one batch (images, or a token model's ids) through V1 REST, V2 REST and
 V2 gRPC, the logits back as numpy arrays.
 
-    from pipelines import serving_client
-    logits = serving_client.predict_v1(url, "mlp", images)      # POST /v1/models/mlp:predict
-    logits = serving_client.infer_v2(url, "mlp", images)        # POST /v2/models/mlp/infer
-    logits = serving_client.infer_grpc(target, "mlp", images)   # GRPCInferenceService/ModelInfer
-    logits = serving_client.infer_v2(url, "text-transformer", tokens)   # int64 ids: the INT64 input "tokens"
+    from pipelines.serving import client
+    logits = client.predict_v1(url, "mlp", images)      # POST /v1/models/mlp:predict
+    logits = client.infer_v2(url, "text-transformer", tokens)   # POST /v2/models/text-transformer/infer
+    logits = client.infer_grpc(target, "mlp", images)   # GRPCInferenceService/ModelInfer
 
-A model is asked for by its served name (rosetta_common.serving.served_name: text_transformer is served as
-text-transformer). The batch's dtype says what it is sent as (rosetta_common.serving.request_input): floats as the
-FP32 input "images", integers as the INT64 input "tokens" (V1: rows of JSON integers).
-
-REST is the standard library's urllib (it runs anywhere, the orchestrator included). gRPC takes KServe's own
-generated stubs and its InferRequest / InferResponse, so it runs where kserve is installed: any of the four serving
-environments (`python -m pipelines.runner validation -- python -m pipelines.serving_client ...`).
-
-No bit is lost on the way: float32 values go out as JSON numbers (Python's shortest repr of the float64 that holds
-each float32 exactly, which parses back to that float64) or as raw little-endian float32 (gRPC), and come back
-the same way; token ids go out as JSON integers or raw little-endian int64. A refused request raises
-RequestFailed with the status and the server's one line.
+A model is asked for by its served name; the batch's dtype says what it is sent as (requests.request_input of
+rosetta_common.serving): floats as the FP32 input "images", integers as the INT64 input "tokens". REST is urllib
+(anywhere, the orchestrator included); gRPC takes KServe's own stubs, so it runs in a serving environment
+(`python -m pipelines.runner validation -- python -m pipelines.serving.client ...`). No bit is lost: float32 goes
+out as JSON numbers (the shortest repr, which parses back to the same value) or raw little-endian float32, token
+ids as JSON integers or raw int64. A refused request raises RequestFailed with the status and the server's line.
 """
 
 from __future__ import annotations
@@ -35,9 +28,10 @@ from typing import Any
 
 import numpy as np
 
-from rosetta_common import serving
 from rosetta_common.errors import RosettaError
 from rosetta_common.onnx_conventions import OUTPUT_NAME
+from rosetta_common.serving import import_kserve
+from rosetta_common.serving.requests import request_input
 
 TIMEOUT_SECONDS = 60.0
 MAX_GRPC_MESSAGE = 64 * 1024 * 1024  # the client's own; the server enforces its limit
@@ -71,7 +65,7 @@ def request(url: str, body: bytes | None = None, content_type: str = "applicatio
 
 def predict_v1(url: str, model: str, batch: np.ndarray) -> np.ndarray:
     """V1 (TF Serving's REST): {"instances": images (or rows of token ids)} -> {"predictions": logits}."""
-    body = json.dumps({"instances": serving.request_input(batch)[2].tolist()}).encode()
+    body = json.dumps({"instances": request_input(batch)[2].tolist()}).encode()
     answer = request(f"{url}/v1/models/{model}:predict", body)
     return np.asarray(answer["predictions"], dtype=np.float32)
 
@@ -79,7 +73,7 @@ def predict_v1(url: str, model: str, batch: np.ndarray) -> np.ndarray:
 def infer_v2(url: str, model: str, batch: np.ndarray) -> np.ndarray:
     """V2 REST (Open Inference Protocol): one tensor in (FP32 "images", or INT64 "tokens"), the "logits" tensor
     out."""
-    name, datatype, values = serving.request_input(batch)
+    name, datatype, values = request_input(batch)
     tensor = {"name": name, "shape": list(values.shape), "datatype": datatype, "data": values.ravel().tolist()}
     answer = request(f"{url}/v2/models/{model}/infer", json.dumps({"inputs": [tensor]}).encode())
     (output,) = [o for o in answer["outputs"] if o["name"] == OUTPUT_NAME]
@@ -95,7 +89,7 @@ def grpc_stub(target: str) -> Any:
     """KServe's V2 gRPC stub on an insecure channel to `target` (host:port)."""
     import grpc
 
-    serving.import_kserve()
+    import_kserve()
     from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc
 
     channel = grpc.insecure_channel(target, options=[("grpc.max_send_message_length", MAX_GRPC_MESSAGE),
@@ -116,10 +110,10 @@ def grpc_call(method: Any, message: Any, timeout: float = TIMEOUT_SECONDS) -> An
 def infer_grpc(target: str, model: str, batch: np.ndarray, stub: Any = None) -> np.ndarray:
     """V2 gRPC: the images as raw float32 (or token ids as raw int64) in raw_input_contents, built with KServe's
     InferRequest; the logits from its InferResponse."""
-    serving.import_kserve()
+    import_kserve()
     from kserve.protocol.infer_type import InferInput, InferRequest, InferResponse
 
-    name, datatype, values = serving.request_input(batch)
+    name, datatype, values = request_input(batch)
     tensor = InferInput(name=name, shape=list(values.shape), datatype=datatype)
     tensor.set_data_from_numpy(values, binary_data=True)
     message = InferRequest(model_name=model, infer_inputs=[tensor]).to_grpc()

@@ -2,16 +2,12 @@
 the serve stage makes for its run, and the client in a validation container on that network, addressing each server
 by its container name, as the pods of a cluster would.
 
-Used by pipelines/stages/serve.py under ROSETTA_RUNTIME=container. The network is `--internal` (nothing on it
-reaches outside or is reached from outside; the host does not need to: readiness is probed from inside each server's
-own container, `<engine> exec ... python -m pipelines.serving_probe`). Every server container listens on its own
-address (`--host 0.0.0.0`), so all of them use the same two ports. The containers are started detached and kept when
-they exit, so that a server's exit code and last log line can be read; `serving()` removes every container and the
-network on the way out, whatever the way (an error, Ctrl-C, SIGTERM), after saving each server's log.
-
-The command lines are built by pure functions (network_create_command, server_run_command, probe_command,
-client_run_command, stop_command, remove_command, network_remove_command) so tests check them without an engine;
-the checkout is mounted, the user mapped and variables passed exactly as pipelines/containers.py does for a stage.
+Used by pipelines/stages/serve.py under ROSETTA_RUNTIME=container. The network is `--internal`: nothing on it
+reaches outside or is reached from outside, so readiness is probed from inside each server's own container
+(`<engine> exec ... python -m pipelines.serving.probe`). Every server listens on its own address (`--host
+0.0.0.0`), all on the same two ports. Containers are kept when they exit, so a server's exit code and last log
+line can be read; `serving_session` removes every container and the network on the way out, however it is left.
+The command lines are built by pure functions, so tests check them without an engine.
 """
 
 from __future__ import annotations
@@ -25,15 +21,16 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipelines import containers, serving
+from pipelines import containers
 from pipelines.containers import Engine
 from pipelines.environments import REPO_ROOT
-from pipelines.serving_probe import NOT_YET
+from pipelines.serving.probe import NOT_YET
+from pipelines.serving.servers import SERVERS, STOP_SECONDS, ServingError, server_arguments
 from pipelines.workers import describe_exit
 
 LISTEN = "0.0.0.0"  # the container's own interfaces: on the stage's internal network only
 HTTP_PORT, GRPC_PORT = 8080, 8081  # one pair for every server: each container has an address of its own
-PROBE_MODULE = "pipelines.serving_probe"
+PROBE_MODULE = "pipelines.serving.probe"
 POLL_SECONDS = 1.0  # each look is an `exec` (a Python start in the container): once a second is plenty
 ENGINE_SECONDS = 60.0  # any one engine command (inspect, exec, logs, rm); a hung engine is an error, not a hang
 
@@ -68,9 +65,9 @@ def server_run_command(engine: Engine, name: str, variant: str, network: str, ar
                        models: Sequence[str] | None, host_env: Mapping[str, str], repo: Path, cwd: Path, uid: int,
                        gid: int) -> list[str]:
     """`<engine> run --detach` of one server on `network`: the same server command line as a process here
-    (serving.server_arguments), listening on the container's own interfaces."""
-    arguments = serving.server_arguments(name, artifacts, onnx_from, HTTP_PORT, GRPC_PORT, models, host=LISTEN)
-    return _run_line(engine, serving.SERVERS[name][0], variant, ["python", *arguments], network,
+    (servers.server_arguments), listening on the container's own interfaces."""
+    arguments = server_arguments(name, artifacts, onnx_from, HTTP_PORT, GRPC_PORT, models, host=LISTEN)
+    return _run_line(engine, SERVERS[name][0], variant, ["python", *arguments], network,
                      container_name(network, name), host_env, repo, cwd, uid, gid, detach=True)
 
 
@@ -113,7 +110,7 @@ def _engine(command: Sequence[str]) -> subprocess.CompletedProcess[str]:
     try:
         return subprocess.run(list(command), capture_output=True, text=True, timeout=ENGINE_SECONDS, check=False)
     except subprocess.TimeoutExpired:
-        raise serving.ServingError(f"`{shlex.join(command)}` did not return within {ENGINE_SECONDS:g} s (is the "
+        raise ServingError(f"`{shlex.join(command)}` did not return within {ENGINE_SECONDS:g} s (is the "
                                    "container engine hung?)") from None
 
 
@@ -147,12 +144,12 @@ class ServerContainer:
                  if line.strip()] if self.log.is_file() else []
         return f"its last line: {lines[-1]!r} (all of it in {self.log})" if lines else "its log is empty"
 
-    def died(self, when: str) -> serving.ServingError | None:
+    def died(self, when: str) -> ServingError | None:
         status, code = self.state()
         if status in ("running", "created", "restarting"):
             return None
         how = "is gone (the engine no longer lists it)" if status == "missing" else describe_exit(code)
-        return serving.ServingError(f"{self.describe()} {how} {when}; {self.last_words()}")
+        return ServingError(f"{self.describe()} {how} {when}; {self.last_words()}")
 
 
 @dataclass
@@ -182,16 +179,16 @@ class Session:
                     errors = [line.removeprefix("error: ") for line in probe.stderr.splitlines()
                               if line.startswith("error: ")]
                     if errors:  # it answers, and refuses a model
-                        raise serving.ServingError(f"{server.describe()} {errors[-1]}")
+                        raise ServingError(f"{server.describe()} {errors[-1]}")
                     # `exec` into a container that is still being created fails: one more look
                 if time.monotonic() > deadline:
                     said = (probe.stdout.strip() or probe.stderr.strip()).splitlines()
-                    raise serving.ServingError(f"{server.describe()} was not ready within {timeout:g} s "
+                    raise ServingError(f"{server.describe()} was not ready within {timeout:g} s "
                                                f"({said[-1] if said else 'no answer'}); {server.last_words()}")
             if pending:
                 time.sleep(POLL_SECONDS)
 
-    def died(self, when: str) -> serving.ServingError | None:
+    def died(self, when: str) -> ServingError | None:
         for server in self.servers:
             dead = server.died(when)
             if dead:
@@ -204,8 +201,8 @@ class Session:
         return subprocess.run(command, capture_output=True, text=True, check=False)
 
     def stop(self) -> dict[str, int]:
-        """Stop every server (SIGTERM, SIGKILL after serving.STOP_SECONDS) and return each one's exit code."""
-        _engine(stop_command(self.engine, [s.container for s in self.servers], serving.STOP_SECONDS))
+        """Stop every server (SIGTERM, SIGKILL after servers.STOP_SECONDS) and return each one's exit code."""
+        _engine(stop_command(self.engine, [s.container for s in self.servers], STOP_SECONDS))
         return {server.name: server.state()[1] for server in self.servers}
 
 
@@ -217,12 +214,12 @@ def serving_session(names: Sequence[str], artifacts: Path, models: Sequence[str]
     (the client's too) and the network removed."""
     variant = os.environ.get("ROSETTA_VARIANT", "cpu")
     engine = containers.select_engine()
-    for env in dict.fromkeys(serving.SERVERS[name][0] for name in [*names, "onnx"]):  # the client's: validation
+    for env in dict.fromkeys(SERVERS[name][0] for name in [*names, "onnx"]):  # the client's: validation
         containers.check_image(engine, env, variant)  # all of them before anything starts
     network = network_name(run_id)
     made = _engine(network_create_command(engine, network))
     if made.returncode != 0:
-        raise serving.ServingError(f"{engine.name} network create {network} failed: {made.stderr.strip()}")
+        raise ServingError(f"{engine.name} network create {network} failed: {made.stderr.strip()}")
     session = Session(engine, variant, network, [])
     try:
         for name in names:
@@ -232,7 +229,7 @@ def serving_session(names: Sequence[str], artifacts: Path, models: Sequence[str]
             started = _engine(command)
             if started.returncode != 0:
                 lines = [line for line in started.stderr.splitlines() if line.strip()]
-                raise serving.ServingError(f"{server.describe()} could not be started: "
+                raise ServingError(f"{server.describe()} could not be started: "
                                            f"{lines[-1] if lines else f'exit {started.returncode}'}")
             session.servers.append(server)
         yield session

@@ -1,12 +1,12 @@
 """One look at a model server's V2 readiness from where it runs: inside its container, where its REST port is on
-127.0.0.1 whatever network the container is on (pipelines/serving_containers.py runs it with `<engine> exec`).
+127.0.0.1 whatever network the container is on (pipelines/serving/containers.py runs it with `<engine> exec`).
 
-    python -m pipelines.serving_probe http://127.0.0.1:8080 mlp mlp-init cnn cnn-init
+    python -m pipelines.serving.probe http://127.0.0.1:8080 mlp mlp-init cnn cnn-init
 
 Exit 0: `GET /v2/health/ready` and `GET /v2/models/<m>/ready` of every model named answer 200 (the same rule as
-pipelines.serving.wait_ready). Exit NOT_YET: nothing answers yet, or the server says it is not ready. Exit 1, one
-`error:` line: the server answers but does not serve a model named. Standard library and pipelines.serving only, so
-it runs in every image (the checkout is mounted and on PYTHONPATH there).
+pipelines.serving.servers.wait_ready). Exit NOT_YET: nothing answers yet, or the server says it is not ready. Exit
+1, one `error:` line: the server answers but does not serve a model named. Standard library and
+pipelines.serving.servers only, so it runs in every image (the checkout is mounted and on PYTHONPATH there).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pipelines.serving import get
+from pipelines.serving.servers import get
 
 NOT_YET = 3  # neither success nor a refusal: the caller asks again until its bound
 

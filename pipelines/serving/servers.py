@@ -3,17 +3,13 @@
     python -m pipelines.serving                       # all four on free ports, until Ctrl-C
     python -m pipelines.serving torch onnx --port 8500 --artifacts artifacts
 
-Each server is `python -m <module> --artifacts ... --http-port P --grpc-port Q` in its own environment (SERVERS:
-the three framework servers, and ONNX Runtime's in the validation environment), started the way pipelines/workers.py
-starts data-parallel workers: the environment's interpreter with the runner's variables (stage_environment), so a
-server computes with the same threads and instruction-set pins as the stage that exported the model. Ports are
-fixed (`--port BASE`: server i of SERVERS listens on BASE + 2i for REST and BASE + 2i + 1 for gRPC) or free ones
-the kernel picks. A server is ready when `GET /v2/health/ready` and `GET /v2/models/<m>/ready` of every model answer
-200 within the bound; one that exits, or is not ready in time, is one `error:` line naming it, and every server
-this call started is stopped.
-
-Standard library only, like workers.py: it runs in the orchestrator, which has no kserve. The client that sends
-batches to the servers is pipelines/serving_client.py.
+Each server is `python -m <module> --artifacts ... --http-port P --grpc-port Q` in its own environment (SERVERS),
+started as pipelines/workers.py starts data-parallel workers (stage_environment: the same threads and
+instruction-set pins as the stage that exported the model), on fixed ports (`--port BASE`: server i of SERVERS on
+BASE + 2i for REST, BASE + 2i + 1 for gRPC) or free ones. A server is ready when `GET /v2/health/ready` and
+`GET /v2/models/<m>/ready` of every model answer 200 within the bound; one that exits or is not ready in time is
+one `error:` line naming it, and every server started is stopped. Standard library only: it runs in the
+orchestrator, which has no kserve.
 """
 
 from __future__ import annotations
@@ -45,7 +41,7 @@ SERVERS: dict[str, tuple[str, str]] = {
     "torch": ("torch", "rosetta_torch.serve"),
     "tf": ("tf", "rosetta_tf.serve"),
     "jax": ("jax", "rosetta_jax.serve"),
-    "onnx": ("validation", "pipelines.serve_onnx"),
+    "onnx": ("validation", "pipelines.serving.onnx"),
 }
 FRAMEWORKS = ("torch", "tf", "jax")
 INIT_FOLDER = "init"  # the init stage's folder in an artifacts folder (paths.INIT): every server's --init
@@ -54,8 +50,8 @@ ONNX_FROM = "torch"  # whose model.onnx files the ONNX server serves, unless tol
 # full-size servers side by side took 100 s on 2 busy cores.
 READY_SECONDS = 300.0
 POLL_SECONDS = 0.25
-# The servers' own grace (rosetta_common.serving.GRACE_SECONDS), then the interpreter's exit: torch's server took 3 s
-# from SIGTERM to exit on 2 busy cores, and more than 10 s once, beside four other servers starting.
+# The servers' own grace (rosetta_common.serving.server.GRACE_SECONDS), then the interpreter's exit: torch's server
+# took 3 s from SIGTERM to exit on 2 busy cores, and more than 10 s once, beside four other servers starting.
 STOP_SECONDS = 30.0
 # The command line's servers write here (scratch space, ignored by git and DVC), so that what it prints is its own
 # lines: where each server listens, and one error line naming a server that fails (with that server's last line).
@@ -123,7 +119,7 @@ def server_arguments(name: str, artifacts: Path, onnx_from: str, http_port: int,
                      models: Sequence[str] | None = None, max_body_bytes: int | None = None,
                      host: str = HOST) -> list[str]:
     """A server's command line after its interpreter (`-m <module> --artifacts ...`): one place for both a process
-    here (start) and a container on a network of its own (pipelines/serving_containers.py, `--host 0.0.0.0`)."""
+    here (start) and a container on a network of its own (pipelines/serving/containers.py, `--host 0.0.0.0`)."""
     command = ["-m", SERVERS[name][1], "--artifacts", str(served_folder(name, artifacts, onnx_from)),
                "--init", str(artifacts / INIT_FOLDER), "--http-port", str(http_port), "--grpc-port", str(grpc_port)]
     command += ["--host", host] if host != HOST else []
@@ -321,6 +317,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"stopped: {', '.join(codes)}" + (f" ({'; '.join(unclean)})" if unclean else ""), flush=True)
     return 0
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,17 +1,14 @@
 """The ONNX Runtime model server: every model.onnx of an artifacts folder, in the validation environment.
 
-    python -m pipelines.runner validation -- python -m pipelines.serve_onnx --artifacts artifacts/torch \
+    python -m pipelines.runner validation -- python -m pipelines.serving.onnx --artifacts artifacts/torch \
         --init artifacts/init --http-port 8506 --grpc-port 8507
 
-KServe's ModelServer, V1 and V2 over REST and V2 over gRPC on 127.0.0.1, one line on stdout when ready, a clean
-stop on SIGTERM or SIGINT; the same command line, names and answers as rosetta_torch.serve, rosetta_tf.serve and
-rosetta_jax.serve (rosetta_common.serving). It lives here because the validation environment has no framework
-package: rosetta_common and the repository root are what it can import. Beside each model.onnx it serves the run
-folder's init.onnx as <model>-init: the framework's model of the canonical init weights (`--init`'s file, checked
-to be there as every server checks it), as train_export exported it. Its sessions are opened by
-pipelines/onnx_sessions.py, as the validate stage opens its own (onnx.checker first, the runner's thread count, one
-inter-op thread, TF32 off on a GPU), so it serves the logits that stage judged; tests/test_serving.py checks them
-bit for bit against sessions opened by pipelines/checks/sessions.py.
+The same command line, names and answers as rosetta_torch.serve, rosetta_tf.serve and rosetta_jax.serve
+(rosetta_common.serving); in `pipelines` because the validation environment has no framework package. Beside each
+model.onnx it serves the run folder's init.onnx as <model>-init (the framework's model of the canonical init
+weights, as train_export exported it). Its sessions are opened by pipelines/onnx_sessions.py, as the validate
+stage opens its own, so it serves the logits that stage judged. The graph holds no ModelConfig, so a model's
+signature is read from the graph by the ONNX conventions, and a token model's bounds from its canonical weights.
 """
 
 from __future__ import annotations
@@ -21,13 +18,12 @@ from pathlib import Path
 import numpy as np
 
 from pipelines.onnx_sessions import open_checked
-from rosetta_common import serving
 from rosetta_common.errors import ArtifactError, RosettaError, one_line
 from rosetta_common.onnx_conventions import BATCH_DIM, INPUT_NAME, LENGTH_DIM, OUTPUT_NAME, TOKENS_NAME
+from rosetta_common.serving import server
+from rosetta_common.serving.requests import RAW, AnySignature, Signature, TokenSignature
 from rosetta_common.spec import TOKEN_ARCHITECTURES
 from rosetta_common.weights import load_weights, read_metadata
-
-kserve = serving.import_kserve()  # not `import kserve`: it would parse our command line
 
 SERVER = "onnx"
 SERVED_FILE = Path("model.onnx")
@@ -61,7 +57,7 @@ def token_bounds(weights_file: Path) -> tuple[int, int, int]:
     return shapes[VOCAB_TENSOR][0], shapes[POSITIONS_TENSOR][0], shapes[CLASSES_TENSOR][0]
 
 
-def signature_of(session: object, path: Path, weights_file: Path | None = None) -> serving.AnySignature:
+def signature_of(session: object, path: Path, weights_file: Path | None = None) -> AnySignature:
     """The model's signature from the graph, by the ONNX conventions: input "images" (batch, height, width) float,
     or "tokens" (batch, length) int64 with both dynamic, output "logits" (batch, classes), the batch dynamic. A
     token model's bounds come from `weights_file` (token_bounds), its classes checked against the graph's.
@@ -82,7 +78,7 @@ def signature_of(session: object, path: Path, weights_file: Path | None = None) 
         if classes != logits[1]:
             raise ArtifactError(f"{path}: {logits[1]} classes, but {weights_file} has {classes}; allowed: the "
                                 "weights of the same model")
-        return serving.TokenSignature(max_length=max_length, vocab_size=vocab_size, classes=classes)
+        return TokenSignature(max_length=max_length, vocab_size=vocab_size, classes=classes)
     if names != ([INPUT_NAME], [OUTPUT_NAME]) or [len(s) for s in shapes] != [3, 2] or any(
             s[0] != BATCH_DIM for s in shapes) or not all(isinstance(d, int) for s in shapes for d in s[1:]):
         found = ", ".join(f"{info.name} {info.shape}" for info in (*inputs, *outputs))
@@ -90,10 +86,10 @@ def signature_of(session: object, path: Path, weights_file: Path | None = None) 
                             f"[{BATCH_DIM}, height, width] or {TOKENS_NAME} [{BATCH_DIM}, {LENGTH_DIM}], "
                             f"{OUTPUT_NAME} [{BATCH_DIM}, classes]")
     (_, height, width), (_, classes) = shapes
-    return serving.Signature(height=height, width=width, classes=classes)
+    return Signature(height=height, width=width, classes=classes)
 
 
-class OnnxModel(serving.ServedModel, kserve.Model):
+class OnnxModel(server.ServedModel):
     """One ONNX file of a run folder (model.onnx; init.onnx for <model>-init) in an ONNX Runtime session, opened
     once; `weights` is the canonical weights file of the same model (read only for a token model's bounds)."""
 
@@ -106,7 +102,7 @@ class OnnxModel(serving.ServedModel, kserve.Model):
         path = self.run_dir / self.file
         session = open_checked(path)
         self.signature = signature_of(session, path, self.weights)
-        name, dtype = self.signature.name, np.dtype(serving.RAW[self.signature.datatype])
+        name, dtype = self.signature.name, np.dtype(RAW[self.signature.datatype])
         self.forward = lambda inputs: session.run(None, {name: np.asarray(inputs, dtype)})[0]
         self.ready = True
         return self.ready
@@ -119,7 +115,7 @@ def init_model(name: str, run_dir: Path, init_file: Path) -> OnnxModel:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return serving.main(argv, server=SERVER, served_file=SERVED_FILE, model=OnnxModel, init_model=init_model)
+    return server.main(argv, server=SERVER, served_file=SERVED_FILE, model=OnnxModel, init_model=init_model)
 
 
 if __name__ == "__main__":
