@@ -102,9 +102,9 @@ def weights_diff(a: State, b: State, names: list[str]) -> tuple[float, str]:
     Why the whole vector and not each tensor's largest element: Adam divides a step by sqrt(v) + epsilon, so a
     weight whose gradient nearly cancels to the size of epsilon (1e-8) in one batch moves by a share of the
     learning rate that its gradient's last bits decide. A few such weights put 1.0e-5 to 1.5e-5 of a tensor's
-    largest value between frameworks after step 1 (mlp's hidden kernel, cnn's conv2 kernel: the tiny run, the
-    per-element figure first chosen here), and 4e-6 to 9e-6 of the norm of a small tensor that starts at zero
-    (the text model's final LayerNorm bias, 16 values; the per-tensor norm tried next). Both are the method's
+    largest value between frameworks after step 1 (mlp's hidden kernel, cnn's conv2 kernel, the tiny run's sizes:
+    a per-element figure), and 4e-6 to 9e-6 of the norm of a small tensor that starts at zero (the text model's
+    final LayerNorm bias, 16 values: a per-tensor norm). Both are the method's
     (Adam's epsilon), not a port's. Over the whole vector they weigh by their number, and a mistake that moves a
     share of the weights (a weight decay moving every weight with no gradient, an always-blank pixel's, by the
     learning rate a step) still moves it by 1e-3 or more."""
@@ -123,8 +123,8 @@ def checkpoint_figures(a: State, b: State) -> dict[str, Any]:
     figures: dict[str, Any] = {"weights": {"max_rel": value, "where": worst}}
     # The logits by norm over the batch too, for the same reason: a rarely seen token's embedding row is such a
     # weight, and the snippets holding it carry its free last bits into their logits (text model, params.yaml's
-    # size: 1.9e-5 of the largest |logit| at step 20, torch|tf and tf|jax, with the weights' norm at 1e-7; the
-    # per-element figure first chosen here).
+    # size: 1.9e-5 of the largest |logit| at step 20, torch|tf and tf|jax, with the weights' norm at 1e-7, by a
+    # per-element figure).
     value, _ = weights_diff(a, b, [LOGITS])
     figures["logits"] = {"max_rel": value, "where": LOGITS}
     groups = {"running_statistics": [n for n in a if is_statistic(n)]}

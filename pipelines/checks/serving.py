@@ -1,69 +1,13 @@
 """Served logits (the serve stage's artifacts/served/): each model server's answers to each model's validation batch
-(images, or the token model's ids), through V1 REST, V2 REST and V2 gRPC, against the same export's logits computed
-in process, and the servers' metadata. A model is looked up by its served name (rosetta_common.serving.served_name:
-text_transformer is served as text-transformer); its checks are recorded under its architecture, as every check.
+and to its init twin's, through V1 REST, V2 REST and V2 gRPC, against the same export's logits computed in
+process, the float64 reference, each other, and the servers' metadata.
 
-The rules, each stated before it was measured:
-- a framework's server (torch, tf, jax) runs the very export train_export reloaded and ran on the same batch
-  (float32 images or int64 token ids; torch: model.pt2, tf: the SavedModel, jax: the jax.export artifact), with the
-  same thread count and instruction-set pins (the runner's stage environment), the whole batch in one request as
-  train_export ran it; the transports carry every bit (V1 and V2 REST: each float32 as the shortest decimal of the
-  float64 that holds it exactly, which parses back to that float64 and so to the same float32, each token id as a
-  JSON integer; gRPC: raw little-endian float32 or int64). So
-  the served logits must equal native_outputs.npz's record of that export (`inference_<format>_batch_runs[0]`)
-  bit for bit: tolerance 0 (`served_native_vs_in_process_<protocol>`);
-- the ONNX server runs `onnx_from`'s model.onnx in a session opened as this stage opens its own
-  (pipelines/serve_onnx.py: the settings of pipelines/checks/sessions.py, the same thread count and providers):
-  bit for bit against this stage's session on the same batch (`served_onnx_vs_in_process_<protocol>`);
-- the ONNX server against that framework's own server, the same protocol (`served_onnx_vs_native_<protocol>`):
-  the two exports of one trained model, each within its own bound of the in-memory model (onnx_vs_native's,
-  native_roundtrip's), so within the sum of the two bounds at the largest logit;
-- every model's V2 metadata is the same on every server, over REST and over gRPC, and says what the ONNX
-  conventions and the prepared data say: input "images" FP32 [-1, height, width] (the token model: "tokens" INT64
-  [-1, -1], the batch and the length variable), output "logits" FP32 [-1, classes] (`served_metadata_identical`);
-- the folder is what the serve stage published for these batches: index.json readable, every file with the sha256
-  it records and no other, the model's batch recorded with the sha256 of this stage's batch of that model
-  (rosetta_common.serving.batch_sha256: images as float32, token ids as int64), every model's array and its init
-  twin's in every server's file, float32 (batch, classes) (`served_readable`).
-
-Beside every model each server serves `<model>-init` (rosetta_common.serving.init_name): the model of the shared
-canonical init weights (artifacts/init/<model>.safetensors, the file every framework's train_export starts from),
-the same bits in every framework. The rules for its answers, each stated before it was measured:
-- a framework's server builds it with its package's models.build from that file and runs it with models.predict,
-  the code train_export ran to record native_outputs.npz's `init_validation_logits`, with the same pins, the whole
-  batch in one request: bit for bit against that record, tolerance 0 (`served_init_vs_in_process_<protocol>`); the
-  ONNX server's is `onnx_from`'s init.onnx, bit for bit against this stage's own session of that file
-  (`served_onnx_init_vs_in_process_<protocol>`);
-- every server's against the float64 reference forward of the canonical init weights on the batch
-  (rosetta_common.reference, as forward.py computes it), within tolerances.forward_parity_abs, absolute, as
-  init_onnx_vs_reference holds each init.onnx: one float32 computation of the same weights
-  (`served_init_vs_reference_<protocol>`, `served_onnx_init_vs_reference_<protocol>`);
-- across servers, every pair, the same protocol, the worst of the three (`served_init_across_servers`, subject
-  "<server>|<server>"): within the same forward_parity_abs, not doubled. It is the bound forward_parity_init_onnx
-  holds every pair of init.onnx files to (the same weights computed twice in float32) and the one the issue names;
-  twice it is only what the triangle inequality gives from the two vs-reference checks, so a pair held to that
-  would be judged by nothing those do not already judge;
-- the same class on every row whose reference top-two margin exceeds 2 x forward_parity_abs: every server and
-  protocol's argmax is the reference's (`served_init_argmax_across_servers`: the rows where some answer's argmax
-  differs, tolerance 0). Within that margin an answer within the pairwise tolerance cannot reorder the top two
-  (each of the two logits moves by at most the tolerance); at or under it a difference within tolerance may flip
-  a near-tie, so those rows are excluded and counted (a figure);
-- its metadata is `<model>`'s with the name `<model>-init`, on every server, over REST and gRPC (part of
-  `served_metadata_identical`).
-
-Across frameworks the trained models' served logits are figures, not checks: the three frameworks' trained models
-are three models (training parity judges how they came to differ), and trained logits differ by more than the forward
-tolerance even where the runs stay in lockstep (digits, 10 epochs: mlp torch|jax 1.1e-5, lstm 1.4e-5; cnn torch|tf,
-whose runs part at step 37, 0.78), so no float32 bound holds for them; whatever the servers add to that
-difference is what the checks above bound, at 0.
-
-Where the serve stage served nothing and said why (an off.json instead of index.json; the stage writes none
-today), no serving check is made and validation.json's "serving" records why, as with data-parallel training
-switched off.
-
-Checks of a framework's server (its subject: that framework) are made only for a run that is judged (intact, see
-integrity.py), like every other check of that run; the ONNX server's are the framework's whose model.onnx it
-serves."""
+A framework's server runs the very export train_export ran, with the same pins, and the transports carry every bit,
+so its logits must equal the in-process record bit for bit (tolerance 0); the ONNX server is held bit for bit to
+this stage's own session of the same file, and to the framework's server within the sum of the two exports' bounds;
+init twins are also held to the reference forward within tolerances.forward_parity_abs. Trained models' served
+logits across frameworks are figures, not checks. Every rule, its tolerance and why: docs/judge.md and
+docs/serving.md. Checks are made only for a run that is judged (intact, see integrity.py)."""
 
 from __future__ import annotations
 

@@ -26,8 +26,8 @@ def facts_table() -> Table:
     columns = [Column(label, left=True) for label in (
         "format", "file in the run folder", "environment", "a process imports", "needs Python to serve",
         "needs the model's code", "loaded by (documented)", "Rosetta serves it with", "sources")]
-    note = ("Verified here: each file loads and answers in a fresh process importing only the modules named (the "
-            "benchmark records the modules it found loaded), and Rosetta's servers answer bit for bit as the same "
-            "export in process. The rest is documented by the sources, not run here. Not measured: "
+    note = ("Verified by Rosetta: each file loads and answers in a fresh process importing only the modules named "
+            "(the benchmark records the modules it found loaded), and Rosetta's servers answer bit for bit as the "
+            "same export in process. The rest is documented by the sources, not run by Rosetta. Not measured: "
             + "; ".join(f"{name}: {why}" for name, why in NOT_MEASURED.items()) + ".")
     return Table("Export formats as deployment targets", columns, rows, note=note)
