@@ -216,6 +216,23 @@ def _taps(model: str, failing: bool) -> dict[str, Any]:
     return record
 
 
+# Where two runs part (pair -> step) in every fixture: cnn's torch|tf and torch|jax runs part, and their test
+# losses, beyond the float32 bound, are judged by the measured null (validate's Ledger.add_null, judge_nulls).
+PARTED = {("cnn", "torch|tf"): 412, ("cnn", "torch|jax"): 530}
+NULL_SAMPLES = {  # (cross distances, within distances): p 0.47 and p 0.054, neither rejected by Holm at 0.05
+    "torch|tf": ([0.0267, 0.019, 0.031, 0.012, 0.022, 0.017], [0.021, 0.025, 0.014, 0.029, 0.018, 0.024, 0.02, 0.016]),
+    "torch|jax": ([0.03, 0.026, 0.022, 0.028, 0.019, 0.027], [0.021, 0.025, 0.014, 0.029, 0.018, 0.024, 0.02, 0.016]),
+}
+
+
+def _null(pair: str) -> dict[str, Any]:
+    """A null-judged row's "null", as validate records it: both samples, the exact p-value, Holm's family."""
+    from pipelines.checks.replicate_null import rank_sum_p
+
+    cross, within = NULL_SAMPLES[pair]
+    return {"cross": cross, "within": within, "p_value": rank_sum_p(cross, within), "holm_family": len(PARTED)}
+
+
 def _validation(failing: bool, models: list[str]) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
 
@@ -243,11 +260,17 @@ def _validation(failing: bool, models: list[str]) -> dict[str, Any]:
             add(model, pair, "forward_parity_init_onnx", value, 1e-5, detail=detail)
             add(model, pair, "train_step1_loss_rel", 2e-8, 1e-6)
             add(model, pair, "train_lockstep_loss_rel", 4e-7, 1e-5)
-            add(model, pair, "test_loss_rel", 1.5e-4, 1e-3)
+            parting = PARTED.get((model, pair))
+            test_loss = NULL_SAMPLES[pair][0][0] if parting else 1.5e-4
+            if parting:
+                add(model, pair, "test_loss_rel", test_loss, 1e-3, True, f"runs part at step {parting}")
+                rows[-1]["null"] = _null(pair)
+            else:
+                add(model, pair, "test_loss_rel", test_loss, 1e-3)
             add(model, pair, "test_accuracy_points", 0.0, 0.6)
             parity.append({"model": model, "frameworks": pair, "optimizer": "adam", "step1_loss_rel": 2e-8,
-                           "lockstep_loss_max_rel": 4e-7, "parting_step": None, "all_steps_loss_max_rel": 3e-4,
-                           "all_steps_loss_max_abs": 1e-4, "test_loss_rel": 1.5e-4,
+                           "lockstep_loss_max_rel": 4e-7, "parting_step": parting, "all_steps_loss_max_rel": 3e-4,
+                           "all_steps_loss_max_abs": 1e-4, "test_loss_rel": test_loss,
                            "test_accuracy_diff_points": 0.0, "final_weights_max_abs": 2e-3})
     failed = sum(not r["passed"] for r in rows)
     return {"passed": failed == 0, "checks": rows, "training_parity": parity, "running_statistics": statistics,
@@ -414,16 +437,20 @@ def browser_missing() -> str | None:
     return None
 
 
-def run_in_browser(html: Path, script: str) -> tuple[Any, list[dict[str, Any]]]:
+def run_in_browser(html: Path, script: str, window: tuple[int, int] | None = None) -> tuple[Any, list[dict[str, Any]]]:
     """Open the page, run `script` (a JavaScript function body that returns a value) and return that value and the
-    browser log's errors (SEVERE entries: uncaught exceptions, failed loads)."""
+    browser log's errors (SEVERE entries: uncaught exceptions, failed loads). `window`: its width and height in
+    pixels (default CHROMIUM_FLAGS')."""
     from selenium import webdriver
 
     os.environ["SE_OFFLINE"] = "true"  # Selenium Manager must never try a download
     options = webdriver.ChromeOptions()
     options.binary_location = str(CHROMIUM)
     for flag in CHROMIUM_FLAGS:
-        options.add_argument(flag)
+        if window is None or not flag.startswith("--window-size="):
+            options.add_argument(flag)
+    if window is not None:
+        options.add_argument(f"--window-size={window[0]},{window[1]}")
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=str(CHROMEDRIVER)))
     try:

@@ -30,6 +30,7 @@ from report_fixtures import (
     FRAMEWORKS,
     MODELS,
     NEW_MODELS,
+    PARTED,
     REPO,
     TRAIN_SECONDS,
     browser_missing,
@@ -37,6 +38,7 @@ from report_fixtures import (
     load_in_browser,
     make_artifacts,
     make_measurements,
+    run_in_browser,
 )
 from rosetta_common.spec import ARCHITECTURES
 
@@ -127,7 +129,8 @@ def test_failing_check_is_named_in_the_verdict_with_how_much(failing: Path) -> N
     md = (failing / "report.md").read_text()
     verdict = md.split("## Models")[0]
     assert "FAILED: 1 of 90 checks failed." in verdict
-    row = next(line for line in verdict.splitlines() if FAILING["check"] in line)
+    failed = verdict.split("**Failed checks**")[1]  # under the first screen's matrix
+    row = next(line for line in failed.splitlines() if FAILING["check"] in line)
     assert FAILING["model"] in row and "tf\\|jax" in row  # the pair, its pipe escaped for Markdown
     assert "3.20e-04" in row and "32x the tolerance" in row
     html = (failing / "report.html").read_text()
@@ -149,8 +152,8 @@ def test_failing_forward_check_links_to_the_taps_figure_that_shows_where_it_part
     figure = html[html.index(f'id="{anchor[1:]}"'):]
     assert figure.index('alt="cnn max abs error along the taps"') < figure.index("<h3")  # under its heading
     md = (failing / "report.md").read_text()
-    verdict = md.split("## Models")[0]
-    row = next(line for line in verdict.splitlines() if FAILING["check"] in line)
+    failed = md.split("## Models")[0].split("**Failed checks**")[1]
+    row = next(line for line in failed.splitlines() if FAILING["check"] in line)
     assert f"(report.html{anchor})" in row  # Markdown has no figures: it links report.html's
     taps = md.split("## Per-layer taps")[1].split("\n## ")[0]
     cnn = taps.split("**cnn: where the forwards part**")[1].split("\n\n**")[0]
@@ -436,6 +439,47 @@ def test_html_renders_offline_in_headless_chromium(failing: Path, tmp_path: Path
     pixels = imread(png)[..., :3]
     non_white = np.any(pixels < 0.95, axis=-1).mean()
     assert non_white > 0.01, f"screenshot is blank ({non_white:.2%} non-white pixels)"
+
+
+FIRST_SCREEN = """
+const table = document.getElementById('overview');
+const box = table.getBoundingClientRect();
+const checks = [...document.querySelectorAll('#checks tr')].map(r => [...r.cells].map(c => c.innerText));
+return {box: {top: box.top, bottom: box.bottom, left: box.left, right: box.right},
+        viewport: [window.innerWidth, window.innerHeight],
+        rows: [...table.rows].map(r => [...r.cells].map(c => c.innerText)),
+        links: [...table.querySelectorAll('a')].map(a => a.getAttribute('href')),
+        checks: checks};
+"""
+
+
+@pytest.mark.skipif(browser_missing() is not None, reason=str(browser_missing()))
+def test_first_screen_is_the_models_by_frameworks_matrix(failing: Path) -> None:
+    """At 1400x900 the matrix is on the first screen: per model each framework's test accuracy, the step where each
+    pair's runs part, the verdict and the check closest to failing; a null-judged check shows its statistic,
+    p-value and Holm threshold, not the float32 bound it exceeds."""
+    found, errors = run_in_browser(failing / "report.html", FIRST_SCREEN, window=(1400, 900))
+    assert [e for e in errors if not _timings_js_missing(e)] == [], errors
+    width, height = found["viewport"]
+    box = found["box"]
+    assert 0 <= box["top"] < box["bottom"] <= height and 0 <= box["left"] < box["right"] <= width, found
+    rows = found["rows"]
+    assert rows[0] == ["", "test accuracy", "runs part at", "verdict"]
+    assert rows[1] == ["model", *FRAMEWORKS, "torch|tf", "torch|jax", "tf|jax", "checks", "closest to failing"]
+    by_model = {row[0]: row for row in rows[2:]}
+    assert list(by_model) == MODELS
+    assert by_model["mlp"][1:8] == ["97.00 %", "96.90 %", "96.80 %", "never", "never", "never", "✓ all 30 passed"]
+    assert by_model["cnn"][4:8] == [f"step {PARTED[('cnn', 'torch|tf')]}", f"step {PARTED[('cnn', 'torch|jax')]}",
+                                    "never", "✗ 1 of 30 failed"]
+    # cnn's closest: torch|jax's test loss, judged by the null (p 0.054 against its Holm threshold 0.05 / 2).
+    assert by_model["cnn"][8] == "p 0.054, Holm 0.025\ntest_loss_rel torch|jax"
+    assert by_model["mlp"][8] == "30 % of its tolerance\nforward_parity_init_onnx tf|jax"
+    for model in MODELS:
+        assert {f"#runs-{model}", f"#parity-{model}", f"#checks-{model}"} <= set(found["links"])
+    # The null-judged row of the checks table: value, then the null's p-value and Holm threshold, its rank sum.
+    null_row = next(r for r in found["checks"] if r[:2] == ["torch|tf", "test_loss_rel"] and "2.67e-02" in r)
+    assert null_row[3].startswith("p 0.475 vs Holm 0.05\nrank sum 46 of 6 cross among 14 distances"), null_row
+    assert "tol" not in null_row[3] and null_row[4] == "yes"
 
 
 @pytest.mark.skipif(browser_missing() is not None, reason=str(browser_missing()))

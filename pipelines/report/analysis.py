@@ -6,7 +6,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from pipelines.checks import ledger
+from pipelines.checks.replicate_null import mid_ranks
 from pipelines.report.collect import Inputs
 
 REFERENCE = "reference"  # the float64 numpy forward of rosetta_common.reference
@@ -143,11 +146,13 @@ class Cell:
     value: float | None
     tolerance: float | None = None
     passed: bool | None = None
+    null: NullJudgement | None = None  # judged by the measured null, not by `tolerance`
 
 
 def training_parity(inputs: Inputs, model: str) -> list[dict[str, Any]]:
     """One row per pair of frameworks: each figure with the tolerance and verdict of the check that used it."""
     rows_by_key = {(r["framework"], r["check"]): r for r in check_rows(inputs, model)}
+    nulls = null_judgements(inputs)
     table = []
     for fig in (inputs.validation or {}).get("training_parity", []):
         if fig.get("model") != model:
@@ -158,7 +163,8 @@ def training_parity(inputs: Inputs, model: str) -> list[dict[str, Any]]:
             tolerance = row.get("tolerance") if row else None
             if tolerance is None and tol_field:
                 tolerance = getattr(trained_tolerances(inputs, model), tol_field)
-            cells[key] = Cell(fig.get(key), tolerance, bool(row["passed"]) if row else None)
+            cells[key] = Cell(fig.get(key), tolerance, bool(row["passed"]) if row else None,
+                              nulls.get((model, fig["frameworks"], check)))
         table.append({"pair": fig["frameworks"], "optimizer": fig.get("optimizer", ""), "cells": cells})
     return table
 
@@ -257,16 +263,19 @@ def running_statistics(inputs: Inputs, model: str) -> list[dict[str, Any]]:
     """Per pair of frameworks: each BatchNorm running statistic's worst relative difference after training, with
     the check that judged it, and every layer's figures (validation.json's `running_statistics`)."""
     rows_by_key = {(r["framework"], r["check"]): r for r in check_rows(inputs, model)}
+    nulls = null_judgements(inputs)
     table = []
     for fig in (inputs.validation or {}).get("running_statistics", []):
         if fig.get("model") != model:
             continue
         cells = {}
         for statistic in STATISTICS:
-            row = rows_by_key.get((fig["frameworks"], ledger.statistic_check(statistic)))
+            check = ledger.statistic_check(statistic)
+            row = rows_by_key.get((fig["frameworks"], check))
             tolerance = row.get("tolerance") if row else trained_tolerances(inputs, model).running_stats_rel
             cells[statistic] = Cell(fig.get(f"{statistic}_max_rel"), tolerance,
-                                    bool(row["passed"]) if row else None)
+                                    bool(row["passed"]) if row else None,
+                                    nulls.get((model, fig["frameworks"], check)))
         table.append({"pair": fig["frameworks"], "cells": cells, "layers": fig.get("layers") or {}})
     return table
 
@@ -288,6 +297,7 @@ DATA_PARALLEL_FIGURES: list[tuple[str, str, str | None]] = [
 def data_parallel(inputs: Inputs) -> list[dict[str, Any]]:
     """One row per compared pair of runs ("torch-dp|torch": N workers vs one process; "torch-dp|tf-dp"), each
     figure with the tolerance and verdict of its check."""
+    nulls = null_judgements(inputs)
     table = []
     for fig in (inputs.validation or {}).get("data_parallel", []):
         if "|" not in str(fig.get("runs", "")):
@@ -297,7 +307,7 @@ def data_parallel(inputs: Inputs) -> list[dict[str, Any]]:
         for key, _, check in DATA_PARALLEL_FIGURES:
             row = rows.get(check) if check else None
             cells[key] = Cell(fig.get(key), row.get("tolerance") if row else None,
-                              bool(row["passed"]) if row else None)
+                              bool(row["passed"]) if row else None, nulls.get((fig["model"], fig["runs"], check)))
         table.append({"model": fig["model"], "pair": fig["runs"], "workers": fig.get("workers"), "cells": cells})
     return table
 
@@ -388,3 +398,94 @@ def serving_pairs(inputs: Inputs) -> list[tuple[str, dict[str, dict[str, Any]]]]
             for pair, figures in record.get("across_frameworks", {}).items():
                 pairs.setdefault(pair, {})[record.get("model")] = figures
     return list(pairs.items())
+
+
+@dataclass(frozen=True)
+class NullJudgement:
+    """How the measured null judged one check (validation.json's row "null"): the rank sum of the cross-framework
+    distances among the pooled ones, its exact p-value and the p-value Holm's step-down held it to."""
+
+    statistic: float  # the rank sum of the cross distances (mid-ranks over cross and within)
+    cross: int  # how many cross-framework distances
+    within: int  # how many within-framework distances
+    p_value: float
+    holm_threshold: float  # alpha / (family - its place among the family's p-values, smallest first)
+    holm_family: int
+    alpha: float
+
+
+def null_judgements(inputs: Inputs) -> dict[tuple[str, str, str], NullJudgement]:
+    """Every null-judged check of the run, by (model, subject, check): the figures its row records, with the rank
+    sum recomputed from its two samples and its Holm threshold from the family's p-values (Ledger.judge_nulls)."""
+    rows = [r for r in (inputs.validation or {}).get("checks", []) if isinstance(r.get("null"), dict)]
+    alpha = inputs.spec.tolerances.null_alpha
+    order = sorted(range(len(rows)), key=lambda i: rows[i]["null"]["p_value"])
+    judged = {}
+    for step, i in enumerate(order):
+        null = rows[i]["null"]
+        cross, within = list(null.get("cross", [])), list(null.get("within", []))
+        ranks = mid_ranks(np.asarray([*cross, *within], np.float64))
+        judged[(rows[i]["model"], rows[i]["framework"], rows[i]["check"])] = NullJudgement(
+            float(ranks[:len(cross)].sum()), len(cross), len(within), float(null["p_value"]),
+            alpha / (len(rows) - step), int(null.get("holm_family", len(rows))), alpha)
+    return judged
+
+
+@dataclass
+class Margin:
+    """The passed check of a model nearest to failing: `used` is how much of its room it takes (value over its
+    bound; for a null-judged check, its Holm threshold over its p-value)."""
+
+    check: str
+    subject: str
+    used: float
+    null: NullJudgement | None = None
+
+
+def closest_margin(inputs: Inputs, model: str, nulls: dict[tuple[str, str, str], NullJudgement]) -> Margin | None:
+    """Of a model's passed checks with an upper bound above 0 or a null, the one that uses most of its room."""
+    best: Margin | None = None
+    for row in check_rows(inputs, model):
+        value, tolerance = row.get("value"), row.get("tolerance")
+        null = nulls.get((model, row["framework"], row["check"]))
+        if not row.get("passed"):
+            continue
+        if null is not None:
+            used = null.holm_threshold / null.p_value if null.p_value > 0 else math.inf
+        elif value is not None and tolerance and value <= tolerance:
+            used = value / tolerance
+        else:
+            continue  # exactly 0 required, or a minimum (min_test_accuracy)
+        if best is None or used > best.used:
+            best = Margin(row["check"], row["framework"], used, null)
+    return best
+
+
+@dataclass
+class Overview:
+    """One model's row of the report's first screen."""
+
+    model: str
+    accuracy: dict[str, float | None]  # framework -> test accuracy
+    parting: dict[str, tuple[bool, int | None]]  # pair -> (figures recorded, the step where its runs part)
+    checks: int
+    failed: int
+    margin: Margin | None
+
+
+def overview(inputs: Inputs) -> list[Overview]:
+    """Models by frameworks: each run's test accuracy, each pair's parting step, the model's checks and the passed
+    check closest to its bound."""
+    nulls = null_judgements(inputs)
+    pairs = [f"{a}|{b}" for i, a in enumerate(inputs.frameworks) for b in inputs.frameworks[i + 1:]]
+    table = []
+    for model in inputs.models:
+        figures = {f.get("frameworks"): f for f in (inputs.validation or {}).get("training_parity", [])
+                   if f.get("model") == model}
+        rows = check_rows(inputs, model)
+        table.append(Overview(
+            model,
+            {fw: quality(inputs, model, fw)["test_accuracy"] for fw in inputs.frameworks},
+            {p: (p in figures, figures.get(p, {}).get("parting_step")) for p in pairs},
+            len(rows), sum(not r.get("passed") for r in rows), closest_margin(inputs, model, nulls)))
+    return table

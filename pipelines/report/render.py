@@ -78,6 +78,7 @@ def _environment(kind: str) -> jinja2.Environment:
     env.filters["md"] = md_cell
     env.filters["mdcell"] = md_table_cell
     env.filters["mdalign"] = lambda column: "---" if column.left else "--:"
+    env.filters["mdlabel"] = lambda column: md_cell(f"{column.group}: {column.label}" if column.group else column.label)
     return env
 
 
@@ -101,112 +102,158 @@ def measured_versions(inputs: Inputs) -> dict[str, dict[str, str]]:
     return found
 
 
-def sections(inputs: Inputs, variant: str) -> list[Section]:
-    models = inputs.models
-    logs = {m: {fw: inputs.run(m, fw).train_log for fw in inputs.frameworks} for m in models}
-    matrices = {m: analysis.forward_parity(inputs, m) for m in models}
-    ops = {m: analysis.op_table(inputs, m) for m in models}
-    statistics = {m: analysis.running_statistics(inputs, m) for m in models}
+def _runs(inputs: Inputs) -> Section:
+    return Section(
+        "runs",
+        "Models: size, quality and training",
+        "Test accuracy and loss as the validate stage recomputed them where reports/validation.json records "
+        "them, else as the train_export stage measured them (metrics.json). Timings are measurements, not "
+        "lineage: see the measurements section.",
+        [Group(m, [tables.runs(inputs, m)]) for m in inputs.models],
+    )
+
+
+def _loss(inputs: Inputs) -> Section:
+    def group(m: str) -> Group:
+        logs = {fw: inputs.run(m, fw).train_log for fw in inputs.frameworks}
+        return Group(m, [tables.epoch_losses(inputs, m)], _figure(figures.loss_curves(m, logs), f"{m} loss curves"))
+
+    return Section(
+        "loss",
+        "Loss curves",
+        "Every framework trained from the same initial weights on the same batches in the same order; curves "
+        "that lie on top of each other are the point.",
+        [group(m) for m in inputs.models],
+    )
+
+
+PARITY_NOTE = (
+    "Forward parity: each framework's init.onnx (the shared initial weights) under ONNX Runtime, pairwise "
+    "and against the float64 numpy reference, max abs difference over several batch sizes. Training "
+    "parity: the same training run in each framework, compared pair by pair; each figure with the "
+    "tolerance it was judged against (params.yaml tolerances). Lockstep checkpoints: every weight, running "
+    "statistic and eval logit of each pair after the first steps, at a float32 bound for every model. "
+    "Models with BatchNorm: its running mean "
+    "and variance after training, pair by pair, from the trained canonical weights. Once two runs part "
+    "(the parting step), their end-of-training figures are judged against the spread of each framework's "
+    "replicates (the strip plots): the rank sum of the cross-framework distances, its p-value and the "
+    "threshold Holm's correction holds it to."
+)
+
+
+def _parity_group(inputs: Inputs, m: str) -> Group:
+    matrix = analysis.forward_parity(inputs, m)
+    statistics = analysis.running_statistics(inputs, m)
+    bound = analysis.trained_tolerances(inputs, m).running_stats_rel
+    return Group(
+        m,
+        [tables.forward_parity(matrix), tables.training_parity(inputs, m),
+         *_present(tables.lockstep(inputs, m)), *_present(tables.running_statistics(inputs, m))],
+        _figure(figures.parity_heatmap(m, matrix), f"{m} forward parity heat map")
+        + _figure(figures.running_statistics(m, statistics, bound), f"{m} BatchNorm running statistics after training")
+        + _figure(figures.replicates(m, (inputs.validation or {}).get("runs", [])),
+                  f"{m} each framework's run and its replicates"),
+    )
+
+
+def _parity(inputs: Inputs) -> Section:
+    return Section("parity", "Parity", PARITY_NOTE, [_parity_group(inputs, m) for m in inputs.models])
+
+
+def _taps(inputs: Inputs) -> Section:
+    tolerance = inputs.spec.tolerances.forward_parity_abs
+    return Section(
+        "taps",
+        "Per-layer taps",
+        "Where two forwards part: every canonical tap (rosetta_common.taps) of the validation batch, as each "
+        "framework's native model computed it (train_export's taps.npz), against the float64 reference on the "
+        "same weights and pair by pair, in the order the forward computes them. A mistake shows first at the "
+        "tap where it enters. Init taps are judged (init_taps_vs_reference, and they name the first divergent "
+        "tap of every failing forward, ONNX-vs-native and lockstep check); trained taps are figures.",
+        [
+            Group(m, _present(tables.taps(inputs, m)),
+                  _figure(figures.taps_along(m, analysis.taps(inputs, m), tolerance),
+                          f"{m} max abs error along the taps"))
+            for m in inputs.models
+        ],
+    )
+
+
+def _data_parallel(inputs: Inputs) -> Section:
+    return Section(
+        "data_parallel",
+        "Data-parallel training",
+        "train_dp@<framework>: the same training on data_parallel.workers workers of each framework's own "
+        "distributed engine (torch.distributed with DDP, jax.distributed with a global mesh, TF's "
+        "MultiWorkerMirroredStrategy), each worker taking its contiguous share of every batch. Throughput with "
+        "one and with N workers: the measurements section (rows <framework>-dp).",
+        [Group("", [tables.data_parallel(inputs)])],
+    )
+
+
+def _serving(inputs: Inputs) -> Section:
+    return Section(
+        "serving",
+        "Serving",
+        "The serve stage: each framework's native export behind its KServe model server (torch: model.pt2, tf: "
+        "the SavedModel, jax: the jax.export artifact) and one model.onnx behind ONNX Runtime's, on 127.0.0.1; "
+        "the validation batch through V1 REST, V2 REST and V2 gRPC. Startup and request latencies are "
+        "measurements (measurements/stages/serve.json).",
+        [Group("", [tables.serving(inputs), tables.serving_init(inputs), tables.serving_pairs(inputs)])],
+    )
+
+
+def _onnx(inputs: Inputs) -> Section:
+    def group(m: str) -> Group:
+        ops, rows = analysis.op_table(inputs, m)
+        return Group(
+            m,
+            [tables.onnx_files(inputs, m), *_present(tables.recurrent_forms(inputs, m)),
+             tables.op_types(inputs, m), tables.inference_mode(inputs, m)],
+            _figure(figures.op_histogram(m, ops, rows, inputs.frameworks), f"{m} op type histogram"),
+        )
+
+    return Section(
+        "onnx",
+        "ONNX files",
+        "What torch.onnx, tf2onnx and jax2onnx each emit for the same model: the files, the form a recurrent "
+        "layer took (its own op, a loop, or unrolled), the op types, and whether every export (ONNX and "
+        "native) runs in inference mode.",
+        [group(m) for m in inputs.models],
+    )
+
+
+def _environment_section(inputs: Inputs, variant: str) -> Section:
     measured = measured_versions(inputs)
+    return Section(
+        "environment",
+        "Environment",
+        groups=[Group("", [tables.environments(environment_rows(inputs.root, variant, measured))])],
+        kind="environment",
+    )
+
+
+def _checks(inputs: Inputs) -> Section:
+    return Section(
+        "checks",
+        "All checks",
+        "Every row of reports/validation.json, with what judged it: its tolerance, or for a figure of two runs "
+        "that parted, the measured null (rank sum, p-value, Holm threshold).",
+        [Group(m, [tables.checks(inputs, m)]) for m in inputs.models],
+    )
+
+
+def sections(inputs: Inputs, variant: str) -> list[Section]:
+    """The report's sections below the first screen, in order."""
     return [
-        Section(
-            "runs",
-            "Models: size, quality and training",
-            "Test accuracy and loss as the validate stage recomputed them where reports/validation.json records "
-            "them, else as the train_export stage measured them (metrics.json). Timings are measurements, not "
-            "lineage: see the measurements section.",
-            [Group(m, [tables.runs(inputs, m)]) for m in models],
-        ),
-        Section(
-            "loss",
-            "Loss curves",
-            "Every framework trained from the same initial weights on the same batches in the same order; curves "
-            "that lie on top of each other are the point.",
-            [
-                Group(m, [tables.epoch_losses(inputs, m)], _figure(figures.loss_curves(m, logs[m]), f"{m} loss curves"))
-                for m in models
-            ],
-        ),
-        Section(
-            "parity",
-            "Parity",
-            "Forward parity: each framework's init.onnx (the shared initial weights) under ONNX Runtime, pairwise "
-            "and against the float64 numpy reference, max abs difference over several batch sizes. Training "
-            "parity: the same training run in each framework, compared pair by pair; each figure with the "
-            "tolerance it was judged against (params.yaml tolerances). Lockstep checkpoints: every weight, running "
-            "statistic and eval logit of each pair after the first steps, at a float32 bound for every model. "
-            "Models with BatchNorm: its running mean "
-            "and variance after training, pair by pair, from the trained canonical weights. Once two runs part "
-            "(the parting step), their end-of-training figures are judged against the spread of each framework's "
-            "replicates (the strip plots).",
-            [
-                Group(
-                    m,
-                    [tables.forward_parity(matrices[m]), tables.training_parity(inputs, m),
-                     *_present(tables.lockstep(inputs, m)), *_present(tables.running_statistics(inputs, m))],
-                    _figure(figures.parity_heatmap(m, matrices[m]), f"{m} forward parity heat map")
-                    + _figure(figures.running_statistics(m, statistics[m],
-                                                         analysis.trained_tolerances(inputs, m).running_stats_rel),
-                              f"{m} BatchNorm running statistics after training")
-                    + _figure(figures.replicates(m, (inputs.validation or {}).get("runs", [])),
-                              f"{m} each framework's run and its replicates"),
-                )
-                for m in models
-            ],
-        ),
-        Section(
-            "taps",
-            "Per-layer taps",
-            "Where two forwards part: every canonical tap (rosetta_common.taps) of the validation batch, as each "
-            "framework's native model computed it (train_export's taps.npz), against the float64 reference on the "
-            "same weights and pair by pair, in the order the forward computes them. A mistake shows first at the "
-            "tap where it enters. Init taps are judged (init_taps_vs_reference, and they name the first divergent "
-            "tap of every failing forward, ONNX-vs-native and lockstep check); trained taps are figures.",
-            [
-                Group(m, _present(tables.taps(inputs, m)),
-                      _figure(figures.taps_along(m, analysis.taps(inputs, m),
-                                                 inputs.spec.tolerances.forward_parity_abs),
-                              f"{m} max abs error along the taps"))
-                for m in models
-            ],
-        ),
-        Section(
-            "data_parallel",
-            "Data-parallel training",
-            "train_dp@<framework>: the same training on data_parallel.workers workers of each framework's own "
-            "distributed engine (torch.distributed with DDP, jax.distributed with a global mesh, TF's "
-            "MultiWorkerMirroredStrategy), each worker taking its contiguous share of every batch. Throughput with "
-            "one and with N workers: the measurements section (rows <framework>-dp).",
-            [Group("", [tables.data_parallel(inputs)])],
-        ),
-        Section(
-            "serving",
-            "Serving",
-            "The serve stage: each framework's native export behind its KServe model server (torch: model.pt2, tf: "
-            "the SavedModel, jax: the jax.export artifact) and one model.onnx behind ONNX Runtime's, on 127.0.0.1; "
-            "the validation batch through V1 REST, V2 REST and V2 gRPC. Startup and request latencies are "
-            "measurements (measurements/stages/serve.json).",
-            [Group("", [tables.serving(inputs), tables.serving_init(inputs), tables.serving_pairs(inputs)])],
-        ),
+        _runs(inputs),
+        _loss(inputs),
+        _parity(inputs),
+        _taps(inputs),
+        _data_parallel(inputs),
+        _serving(inputs),
         Section("deployment", deployment.TITLE, deployment.NOTE, [Group("", [deployment.facts_table()])]),
-        Section(
-            "onnx",
-            "ONNX files",
-            "What torch.onnx, tf2onnx and jax2onnx each emit for the same model: the files, the form a recurrent "
-            "layer took (its own op, a loop, or unrolled), the op types, and whether every export (ONNX and "
-            "native) runs in inference mode.",
-            [
-                Group(
-                    m,
-                    [tables.onnx_files(inputs, m), *_present(tables.recurrent_forms(inputs, m)),
-                     tables.op_types(inputs, m), tables.inference_mode(inputs, m)],
-                    _figure(
-                        figures.op_histogram(m, ops[m][0], ops[m][1], inputs.frameworks), f"{m} op type histogram"
-                    ),
-                )
-                for m in models
-            ],
-        ),
+        _onnx(inputs),
         Section("measurements", MEASUREMENTS_TITLE, MEASUREMENTS_WHERE, kind="measurements"),
         Section(
             "sources",
@@ -214,18 +261,8 @@ def sections(inputs: Inputs, variant: str) -> list[Section]:
             "Read from each package's models.py when this report was built, so they cannot drift from the code.",
             kind="sources",
         ),
-        Section(
-            "environment",
-            "Environment",
-            groups=[Group("", [tables.environments(environment_rows(inputs.root, variant, measured))])],
-            kind="environment",
-        ),
-        Section(
-            "checks",
-            "All checks",
-            "Every row of reports/validation.json, with the tolerance it was judged against.",
-            [Group(m, [tables.checks(inputs, m)]) for m in models],
-        ),
+        _environment_section(inputs, variant),
+        _checks(inputs),
     ]
 
 
@@ -250,6 +287,7 @@ def context(inputs: Inputs, variant: str = "cpu") -> dict[str, Any]:
     return {
         "title": "Rosetta: artifact comparison report",
         "verdict": judged,
+        "overview": tables.overview(inputs),
         "failures": tables.failures(judged, {m for m in inputs.models if analysis.taps(inputs, m) is not None}),
         "frameworks": inputs.frameworks,
         "sections": sections(inputs, variant),

@@ -38,6 +38,7 @@ def fmt(value: Any, kind: str = "g") -> str:
 class Column:
     label: str
     left: bool = False  # text columns align left, numbers right
+    group: str = ""  # a heading over this and the next columns of the same group (Markdown: a prefix)
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,20 @@ class Table:
     note: str = ""  # under the table
     empty: str = "Nothing to show."  # said instead of a table without rows
     collapsed: bool = False  # long detail: HTML folds it (open where a row failed)
+    id: str = ""  # an HTML id of its own (the first screen's matrix)
+
+    @property
+    def column_groups(self) -> list[tuple[str, int]]:
+        """The headings over runs of columns of one group, with their spans (empty: no column has a group)."""
+        if not any(c.group for c in self.columns):
+            return []
+        spans: list[tuple[str, int]] = []
+        for c in self.columns:
+            if spans and c.group and spans[-1][0] == c.group:
+                spans[-1] = (c.group, spans[-1][1] + 1)
+            else:
+                spans.append((c.group, 1))
+        return spans
 
     @property
     def any_failed(self) -> bool:
@@ -172,7 +187,10 @@ def training_parity(inputs: Inputs, model: str) -> Table:
     for fig in analysis.training_parity(inputs, model):
         cells = [text(fig["pair"])]
         for key, *_ in analysis.TRAINING_FIGURES:
-            cells.append(_judged(fig["cells"][key]))
+            c = fig["cells"][key]
+            # a step number is no measured difference: no exponent, and "never" for runs in lockstep to the end
+            cells.append(text("never" if c.value is None else fmt(c.value, "int")) if key == "parting_step"
+                         else _judged(c))
         rows.append(Row(cells))
     columns = _columns("pair", *(label for _, label, _, _ in analysis.TRAINING_FIGURES))
     return Table("Training parity", columns, rows, empty="No training-parity figures.")
@@ -222,10 +240,19 @@ def data_parallel(inputs: Inputs) -> Table:
                        "-S data_parallel.workers=2 switches it on).")
 
 
+def null_text(null: analysis.NullJudgement) -> str:
+    """How the measured null judged a check, in one line: the rank-sum statistic, its p-value, Holm's threshold."""
+    return f"rank sum {null.statistic:g}, p {null.p_value:.2g}, Holm {null.holm_threshold:.2g}"
+
+
 def _judged(c: analysis.Cell) -> Cell:
-    """A figure with the tolerance it was judged against and the verdict, as the training-parity table shows it."""
+    """A figure with what it was judged against and the verdict, as the training-parity table shows it: its
+    tolerance, or where the runs parted and the measured null judged it, the null's statistic, p and threshold."""
     mark = " ✓" if c.passed is True else (" ✗" if c.passed is False else "")
-    sub = f"tol {fmt(c.tolerance)}{mark}" if c.tolerance is not None else ""
+    if c.null is not None:
+        sub = f"{null_text(c.null)}{mark}"
+    else:
+        sub = f"tol {fmt(c.tolerance)}{mark}" if c.tolerance is not None else ""
     return cell(c.value, "sci", sub=sub, failed=c.passed is False)
 
 
@@ -340,9 +367,21 @@ def environments(rows: list[EnvironmentRow]) -> Table:
     return Table("Environments", _columns(*labels, "lock sha256", left=tuple(range(6))), table_rows)
 
 
+def _judged_by(row: dict[str, Any], null: analysis.NullJudgement | None) -> Cell:
+    """The checks table's "judged by" cell: the tolerance, or the measured null's statistic, p-value and Holm
+    threshold (the float32 bound the figure exceeded is then no verdict, only a quieter second line)."""
+    if null is None:
+        return cell(row.get("tolerance"))
+    return Cell(f"p {null.p_value:.3g} vs Holm {null.holm_threshold:.3g}",
+                sub=f"rank sum {null.statistic:g} of {null.cross} cross among {null.cross + null.within} distances; "
+                    f"alpha {null.alpha:g}, Holm over {null.holm_family}; float32 bound "
+                    f"{fmt(row.get('tolerance'))} no longer applies")
+
+
 def checks(inputs: Inputs, model: str) -> Table:
     found = analysis.check_rows(inputs, model)
     tapped = {model} if analysis.taps(inputs, model) is not None else set()
+    nulls = analysis.null_judgements(inputs)
     rows = [
         Row(
             [
@@ -350,7 +389,7 @@ def checks(inputs: Inputs, model: str) -> Table:
                 text(r["check"], mono=True,
                      link="" if r.get("passed") else tap_link(model, r["check"], tapped)),
                 cell(r.get("value"), "sci"),
-                cell(r.get("tolerance")),
+                _judged_by(r, nulls.get((model, r["framework"], r["check"]))),
                 text("yes" if r.get("passed") else "NO", failed=not r.get("passed")),
                 text(r.get("detail", "")),
             ],
@@ -359,7 +398,7 @@ def checks(inputs: Inputs, model: str) -> Table:
         for r in found
     ]
     failed = sum(not r.get("passed") for r in found)
-    columns = _columns("framework(s)", "check", "value", "tolerance", "passed", "detail", left=(0, 1, 4, 5))
+    columns = _columns("framework(s)", "check", "value", "judged by", "passed", "detail", left=(0, 1, 4, 5))
     return Table(f"{model}: {len(found)} checks, {failed} failed", columns, rows, empty="No checks.", collapsed=True)
 
 
@@ -443,3 +482,42 @@ def serving_pairs(inputs: Inputs) -> Table:
             "than the forward tolerance (training parity judges that); what the servers add is bounded at 0 above.")
     return Table("Served logits across frameworks", _columns("servers", *inputs.models), rows, note=note,
                  empty="No serving figures.")
+
+
+def _margin(margin: analysis.Margin | None, link: str) -> Cell:
+    if margin is None:
+        return text(MISSING)
+    where = f"{margin.check} {margin.subject}"
+    if margin.null is not None:
+        return Cell(f"p {margin.null.p_value:.2g}, Holm {margin.null.holm_threshold:.2g}", sub=where, link=link)
+    return Cell(f"{100 * margin.used:.0f} % of its tolerance", sub=where, link=link)
+
+
+def _parting(model: str, recorded: bool, step: int | None) -> Cell:
+    if not recorded:
+        return text(MISSING)
+    return Cell(f"step {step:,}" if step is not None else "never", link=f"#parity-{model}")
+
+
+def overview(inputs: Inputs) -> Table:
+    """The report's first table: models by frameworks. Each run's test accuracy, the step where each pair's runs
+    part, the model's verdict and its passed check closest to its bound, each linking down to its section."""
+    found = analysis.overview(inputs)
+    rows = []
+    for o in found:
+        verdict = (text(f"✓ all {o.checks} passed", link=f"#checks-{o.model}") if not o.failed else
+                   text(f"✗ {o.failed} of {o.checks} failed", link=f"#checks-{o.model}", failed=True))
+        rows.append(Row([text(o.model, header=True, link=f"#runs-{o.model}"),
+                         *(cell(o.accuracy[fw], "pct") for fw in inputs.frameworks),
+                         *(_parting(o.model, *o.parting[p]) for p in o.parting),
+                         verdict, _margin(o.margin, f"#checks-{o.model}")]))
+    pairs = list(found[0].parting) if found else []
+    columns = [Column("model", True),
+               *(Column(fw, group="test accuracy") for fw in inputs.frameworks),
+               *(Column(p, group="runs part at") for p in pairs),
+               Column("checks", True, "verdict"), Column("closest to failing", True, "verdict")]
+    note = ("Runs part where their step losses first differ beyond tolerances.lockstep_loss_rel (never: in "
+            "lockstep to the end); after it, end-of-training figures are judged against the measured null. "
+            "Closest to failing: the passed check that uses most of its tolerance, or for a null-judged check its "
+            "p-value against its Holm threshold.")
+    return Table("Do the frameworks agree?", columns, rows, note=note, empty="No models.", id="overview")
