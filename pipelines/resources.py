@@ -123,8 +123,14 @@ def summarize(samples: list[Sample]) -> dict[str, Any]:
             grows.append(name)
     record["flat"] = not grows
     record["verdict"] = "flat" if not grows else "grows: " + ", ".join(
-        f"{name} +{record['resources'][name]['added']} (bound {record['bounds'][name]})" for name in grows)
+        _added(name, record["resources"][name]["added"], record["bounds"][name]) for name in grows)
     return record
+
+
+def _added(name: str, added: int, bound: int) -> str:
+    if name == "rss_bytes":
+        return f"memory +{added / MIB:.0f} MiB (bound {bound / MIB:.0f} MiB)"
+    return f"{name} +{added} (bound {bound})"
 
 
 def flat(record: dict[str, Any], names: tuple[str, ...] = ("threads", "fds")) -> bool:
