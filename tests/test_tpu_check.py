@@ -141,7 +141,7 @@ def test_report_section_from_the_recorded_results(tmp_path):
                            "--bounds", str(TPU / "bounds.json"), "--out", str(tmp_path)])
     assert code == 0
     text = (tmp_path / "report.md").read_text()
-    assert "## jax@tpu: precision `highest`" in text and "PASSED: 156 of 156" in text
+    assert "## jax@tpu: precision `highest`" in text and "PASSED: 206 of 206" in text
     assert "## jax@tpu-default: precision `default`" in text and "FAILED" in text
     assert "likely cause: the matrix precision" in text
     for model in SPEC.models:
