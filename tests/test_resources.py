@@ -73,7 +73,7 @@ def test_the_probe_reads_a_real_process(leak: bool) -> None:
 # as one window: each half of the window asks the same of the process (a run's start and end included), so only
 # what the steps add can make the second half's peak the higher. PLANT may add a leak to the loop first.
 TRAIN = """
-import json, math, os, time
+import gc, json, math, os, time
 from pipelines import resources
 from rosetta_common.interface import load_backend
 from rosetta_common.testing import asymmetric_weights, learnable_data, small_config, small_spec
@@ -87,7 +87,10 @@ def run(epochs):
     model = backend.build(config, asymmetric_weights(config, 0))
     start = time.perf_counter()
     backend.train(model, plan(small_spec(epochs=epochs), "mlp", len(data.train_labels)), data)
-    return time.perf_counter() - start
+    seconds = time.perf_counter() - start
+    del model
+    gc.collect()  # a Keras model holds a thread until it is collected: the run's, not its steps'
+    return seconds
 
 run(1)  # one-time costs: imports on first use, the first compile
 epochs = max({min_epochs}, math.ceil(4 * {seconds} / run(4)))
