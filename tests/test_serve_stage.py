@@ -233,7 +233,8 @@ from pipelines import paths
 from pipelines.checks.serving import expected_metadata, metadata_problems, model_problems, read_served
 from rosetta_common.inputs import random_tokens
 from rosetta_common.io import sha256, write_json
-from rosetta_common.serving import Signature, batch_sha256, served_models
+from rosetta_common.serving import batch_sha256, served_models
+from rosetta_common.serving.requests import Signature
 from rosetta_common.testing import small_config
 
 configs = {"mlp": small_config("mlp"), "text_transformer": small_config("text_transformer")}

@@ -39,7 +39,9 @@ def first_images(run: TinyRun, n: int) -> np.ndarray:
 
 def workers(server: serving.Server, images: np.ndarray, classes: int, count: int) -> list[Any]:
     body = serving_load_client.v2_body(images)
-    return [serving_load_client.RestWorker(server.url, MODEL, body, [len(images), classes]) for _ in range(count)]
+    bad_body = serving_load_client.v2_body(serving_load_client.bad_images(images))
+    return [serving_load_client.RestWorker(server.url, MODEL, body, bad_body, [len(images), classes])
+            for _ in range(count)]
 
 
 @pytest.mark.parametrize("concurrency", [1, 2])
