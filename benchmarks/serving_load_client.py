@@ -81,34 +81,30 @@ class RestWorker:
         self.headers = {"Content-Type": "application/json"}
         self.connection: http.client.HTTPConnection | None = None
 
-    def send(self) -> bytes:
+    def _post(self, body: bytes) -> tuple[int, bytes]:
+        """POST `body` on the keep-alive connection: the status and the whole answer."""
         if self.connection is None:
             self.connection = http.client.HTTPConnection(self.host, self.port, timeout=TIMEOUT_SECONDS)
         try:
-            self.connection.request("POST", self.path, self.body, self.headers)
+            self.connection.request("POST", self.path, body, self.headers)
             reply = self.connection.getresponse()
-            answer = reply.read()
+            return reply.status, reply.read()
         except (OSError, http.client.HTTPException):
             self.close()  # the next request opens a fresh connection
             raise
-        if reply.status != 200:
-            raise BadAnswer(f"HTTP {reply.status}: {answer[:200].decode(errors='replace')}")
+
+    def send(self) -> bytes:
+        status, answer = self._post(self.body)
+        if status != 200:
+            raise BadAnswer(f"HTTP {status}: {answer[:200].decode(errors='replace')}")
         return answer
 
     def refused(self) -> None:
         """Send the bad request (the images one pixel narrower than they say); the protocol's error is the only
         right answer (HTTP 400), and the connection stays usable."""
-        if self.connection is None:
-            self.connection = http.client.HTTPConnection(self.host, self.port, timeout=TIMEOUT_SECONDS)
-        try:
-            self.connection.request("POST", self.path, self.bad_body, self.headers)
-            reply = self.connection.getresponse()
-            answer = reply.read()
-        except (OSError, http.client.HTTPException):
-            self.close()
-            raise
-        if reply.status != 400:
-            raise BadAnswer(f"a bad request got HTTP {reply.status}: {answer[:200].decode(errors='replace')}; "
+        status, answer = self._post(self.bad_body)
+        if status != 400:
+            raise BadAnswer(f"a bad request got HTTP {status}: {answer[:200].decode(errors='replace')}; "
                             "expected 400")
 
     def check(self, answer: bytes) -> None:

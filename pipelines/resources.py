@@ -2,7 +2,7 @@
 
 A leak of threads or descriptors shows only over a run's length (one thread a step is harmless for a hundred
 steps and fatal at Linux's default `pid_max` of 32,768), so a probe samples the process and every process below
-it (a runner's child, a worker's helpers) with psutil on a thread of its own, and `summarize` judges the window:
+it (a runner's child, a worker's child processes) with psutil on a thread of its own, and `summarize` judges the window:
 "flat" when the peak of its second half exceeds the peak of its first half by at most BOUNDS. A process makes
 its pools while it starts or at its first steps, which a window that starts early and runs long holds in its
 first half; what it adds later, it adds per step or per request.
