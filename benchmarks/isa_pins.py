@@ -8,7 +8,7 @@ compiles, and the oneDNN calls it makes), OpenBLAS (numpy: the validator's float
 Runtime's MLAS each choose kernels by the CPU they run on, so the same code and data give other last bits on
 another CPU. Each has a switch that caps its choice (ONNX Runtime has none):
 
-    runtime    environment variable                     here: capped at the floor    capped below it
+    runtime    environment variable                     Rosetta: at the floor        capped below it
     oneDNN     ONEDNN_MAX_CPU_ISA                       AVX2                         AVX
     MKL        MKL_CBWR (its reproducibility branch)    AVX2,STRICT                  COMPATIBLE,STRICT
     XLA        XLA_FLAGS=--xla_cpu_max_isa              AVX2                         AVX

@@ -4,7 +4,7 @@
 # `python -m tooling.images build`:
 #   ENV_NAME     the environment (its lock is the build context's requirements.lock)
 #   TITLE        how the image describes it
-#   BASE_IMAGE   rosetta-base:bookworm for both variants: Debian bookworm made here by debootstrap (its python3 is the
+#   BASE_IMAGE   rosetta-base:bookworm for both variants: Debian bookworm made locally by debootstrap (its python3 is the
 #                locks' 3.11). The CUDA variant needs no CUDA base: the locks bring the CUDA libraries as nvidia-*
 #                wheels, and the driver (libcuda) comes from the host through the NVIDIA container toolkit.
 #   VARIANT      cpu or cuda: picks the stage the image ends on (`cuda` adds the NVIDIA environment below)
@@ -20,7 +20,7 @@ ARG VARIANT=cpu
 FROM ${BASE_IMAGE} AS python
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # Python 3.11 with venv, the interpreter every lock is resolved for, comes with the base (Debian bookworm's
-# python3 and python3-venv); a base without it fails here, saying so, not halfway through the install.
+# python3 and python3-venv); a base without it fails at this step, saying so, not halfway through the install.
 RUN python3.11 -c 'import ensurepip, venv' \
  || { echo "error: the base image has no Python 3.11 with venv (ensurepip); use rosetta-base:bookworm" >&2; exit 1; }
 # The image's own user; the runner still passes --user $(id -u):$(id -g) so outputs belong to whoever ran dvc.

@@ -189,8 +189,8 @@ def gpu_problem(engine: Engine) -> str:
 
 @functools.cache
 def gpu_access(engine: Engine) -> bool:
-    """Whether CUDA containers get `--gpus all` here. ROSETTA_GPUS=1 or 0 decides instead of looking. Without GPUs
-    it says so, once per process: the CUDA build still runs, on the CPU."""
+    """Whether CUDA containers get `--gpus all` on this host. ROSETTA_GPUS=1 or 0 decides instead of looking. Without
+    GPUs it says so, once per process: the CUDA build still runs, on the CPU."""
     forced = os.environ.get("ROSETTA_GPUS", "")
     if forced in ("0", "1"):
         return forced == "1"

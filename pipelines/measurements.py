@@ -135,7 +135,7 @@ def gather_worker_resources(stage: str, what: str, root: Path = ROOT) -> dict[st
 
 def throughput_table(root: Path = ROOT) -> dict[str, Any] | None:
     """The last training-throughput benchmark's table (THROUGHPUT_TABLE) as the report shows it, or None if it
-    has not run here (or its file is unreadable or not of that form)."""
+    has not run in this checkout (or its file is unreadable or not of that form)."""
     try:
         table = json.loads((root / THROUGHPUT_TABLE.name).read_text())
         settings, rows = table.get("settings", {}), table["rows"]
@@ -148,7 +148,7 @@ def throughput_table(root: Path = ROOT) -> dict[str, Any] | None:
 
 def deployment_table(root: Path = ROOT) -> dict[str, Any] | None:
     """The last deployment benchmark's settings, rows and environments (DEPLOYMENT) as the report shows them, or
-    None if it has not run here (or its file is unreadable or not of that form)."""
+    None if it has not run in this checkout (or its file is unreadable or not of that form)."""
     try:
         record = json.loads((root / DEPLOYMENT.name).read_text())
         settings, rows, environments = record.get("settings", {}), record["rows"], record.get("environments", {})
@@ -162,7 +162,7 @@ def deployment_table(root: Path = ROOT) -> dict[str, Any] | None:
 
 def serving_load_table(root: Path = ROOT) -> dict[str, Any] | None:
     """The last serving load benchmark's settings, shares, machine and rows (SERVING_LOAD) as the report shows them,
-    or None if it has not run here (or its file is unreadable or not of that form)."""
+    or None if it has not run in this checkout (or its file is unreadable or not of that form)."""
     try:
         record = json.loads((root / SERVING_LOAD.name).read_text())
         part = {key: record[key] for key in ("settings", "shares", "machine", "rows")}

@@ -1,4 +1,4 @@
-"""Start N data-parallel workers of one framework and watch them: as N processes here, or as N containers on
+"""Start N data-parallel workers of one framework and watch them: as N local processes, or as N containers on
 one user-defined network, the way N hosts would run them.
 
 Each worker is `python -m pipelines.stages.train_dp_worker <framework>` in that framework's environment, told

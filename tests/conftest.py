@@ -56,7 +56,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     """pytest-xdist's file scheduling (`--dist loadfile`) with the files of SAME_WORKER joined, handed out in the
     collection's order (above) instead of the most tests first. (Its `loadgroup` with an xdist_group mark per
-    file would join them too, but does not group under pytest 9.2: pytest-xdist issue 1386.)"""
+    file would join them too, but does not group under pytest 9.2: pytest-dev/pytest-xdist#1386.)"""
     from xdist.scheduler import LoadScopeScheduling
 
     class FileScheduling(LoadScopeScheduling):

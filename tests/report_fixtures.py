@@ -426,7 +426,7 @@ CHROMIUM_FLAGS = [
 
 
 def browser_missing() -> str | None:
-    """Why the browser test cannot run here, or None."""
+    """Why the browser test cannot run on this host, or None."""
     missing = [str(p) for p in (CHROMIUM, CHROMEDRIVER) if not p.is_file()]
     if missing:
         return f"{' and '.join(missing)} missing: run `make browser` (Debian's chromium and chromium-driver)"

@@ -358,7 +358,7 @@ def engine() -> Engine:
     try:
         return images.ensure_engine()
     except SystemExit as exc:
-        pytest.skip(f"no container engine can be started here: {exc}")
+        pytest.skip(f"no container engine can be started: {exc}")
 
 
 @pytest.fixture(scope="module")
@@ -368,7 +368,7 @@ def built_images(engine) -> dict[str, float]:
     try:
         images.make_base(engine)
     except (SystemExit, subprocess.CalledProcessError) as exc:  # no debootstrap, not root, no Debian mirror
-        pytest.skip(f"the local base image {images.BASE} cannot be made here: {exc}")
+        pytest.skip(f"the local base image {images.BASE} cannot be made: {exc}")
     result = subprocess.run(
         [sys.executable, "-m", "tooling.images", "build", "--variant", "cpu"],
         cwd=REPO,
@@ -522,7 +522,7 @@ def test_second_container_repro_runs_nothing(pipeline):
 
 @integration
 def test_a_stage_runs_as_the_invoking_uid_and_its_files_are_its_own(engine, built_images, monkeypatch, tmp_path):
-    """The uid the runner maps through the engine, end to end. Run as root (as here, where DVC's interpreter lives
+    """The uid the runner maps through the engine, end to end. Run as root (as in CI, where DVC's interpreter lives
     under /root), a non-root invoker is stood in for by making the runner see nobody's uid."""
     uid, gid = os.getuid(), os.getgid()
     work = tmp_path / "work"

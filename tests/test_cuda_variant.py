@@ -81,7 +81,7 @@ def test_onnxruntime_gpu_brings_its_cuda_libraries():
     assert validation["nvidia-cuda-runtime"].startswith("13.")  # onnxruntime-gpu 1.31 is built for CUDA 13
 
 
-# ---------------------------------------------------------------- opt-in: build and run the CUDA images here
+# ---------------------------------------------------------------- opt-in: build and run the CUDA images
 
 cuda = pytest.mark.skipif(
     os.environ.get("ROSETTA_CUDA_TESTS") != "1",
@@ -95,7 +95,7 @@ def cuda_images() -> dict[str, int]:
         engine = images.ensure_engine()
         images.make_base(engine)
     except (SystemExit, subprocess.CalledProcessError) as exc:
-        pytest.skip(f"no container engine or base image here: {exc}")
+        pytest.skip(f"no container engine or base image: {exc}")
     built = subprocess.run([sys.executable, "-m", "tooling.images", "build", "--variant", "cuda", "--clean"],
                            cwd=REPO, env=orchestrator_env(), capture_output=True, text=True, check=False)
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]

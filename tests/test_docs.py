@@ -20,6 +20,10 @@ What counts as a name (strict where a name is unambiguous, silent where prose co
   not one); its last component may not be a file extension. `<x>` matches any key at its level.
 - a relative link: a Markdown link `[text](target)` whose target is not a URL; the file must exist, and an
   `#anchor` into a Markdown file must be one of its headings (GitHub's slugs).
+
+The same files, and every tracked source file, speak of the project as it is (HISTORY): no issue or item number
+of a tracker the repository does not have, and no note of how it was built ("tried", "not kept"). An upstream
+issue is cited as owner/repository#number.
 """
 
 from __future__ import annotations
@@ -60,6 +64,13 @@ MAKE = re.compile(r"\bmake ([a-z][\w-]*)")
 PYTHON_M = re.compile(r"\bpython3? -m ([\w.]+)")
 DOTTED = re.compile(r"^[A-Za-z_][\w]*(?:\.(?:[\w]+|<[\w-]+>))+$")
 HEADING = re.compile(r"^#{1,6}\s+(.*?)\s*#*\s*$", re.M)
+# How a sentence about the project's making reads: a bare issue number (#12; an upstream one is owner/repo#12, and a
+# quoted "#2" is a literal), an issue or item number, a session, what was tried and not kept, "the reference article".
+HISTORY = re.compile(r"(?<![\w/&#\"'-])#\d{1,4}\b|\b(?:issue|item)s? #?\d+\b|\breference article\b|\bthis session\b|"
+                     r"\bnot kept\b|\(tried\b|\bwe tried\b|\bhelpers? (?:moved|wrote|added)\b", re.I)
+SOURCES = ("README.md", "CONTRIBUTING.md", "CHANGELOG.md", "Makefile", "dvc.yaml", "params.yaml", ".ci", "docs",
+           "packages", "pipelines", "tests", "tooling", "benchmarks", "containers")
+TEXT_SUFFIXES = {".py", ".md", ".yaml", ".yml", ".toml", ".j2", ".js", ".css", ".sh", ".cfg", ""}
 
 
 @dataclass(frozen=True)
@@ -236,6 +247,31 @@ def check(text: str, doc: Path, repo: Path = REPO) -> list[Problem]:
 def test_every_name_in_the_docs_exists(doc: Path) -> None:
     problems = check(doc.read_text(), doc)
     assert not problems, "\n".join(map(str, problems))
+
+
+def history_lines(text: str, where: str) -> list[str]:
+    """Each line of text that tells how the project was made rather than what it is, as `where:line: text`."""
+    return [f"{where}:{n}: {line.strip()}" for n, line in enumerate(text.splitlines(), 1) if HISTORY.search(line)]
+
+
+def test_the_sources_speak_of_the_project_as_it_is() -> None:
+    listed = subprocess.run(["git", "ls-files", "-z", "--", *SOURCES], cwd=REPO, capture_output=True,
+                            check=True).stdout.decode().split("\0")
+    found = []
+    for name in filter(None, listed):
+        path = REPO / name
+        if path.suffix in TEXT_SUFFIXES and path.is_file() and name != "tests/test_docs.py":
+            found += history_lines(path.read_text(errors="replace"), name)
+    assert not found, "\n".join(found)
+
+
+def test_the_history_check_finds_what_it_is_for() -> None:
+    planted = ["Fixed in #24.", "or item 7 asks less of K", "(tried, not kept)", "as the reference article does",
+               "the helpers moved to integrity_support", "the cap comes from issue 21"]
+    assert [len(history_lines(line, "x")) for line in planted] == [1] * len(planted)
+    fine = ["tensorflow/tensorflow#62466", "color #ee4c2c", '"#2" is the second process', "train#1 of the run",
+            "ONNX Runtime sessions", "item of the list"]
+    assert [history_lines(line, "x") for line in fine] == [[]] * len(fine)
 
 
 def test_the_docs_exist_and_the_readme_stays_short() -> None:

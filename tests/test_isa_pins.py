@@ -3,7 +3,7 @@ whatever the caller's environment says, and a train_export run gives the same by
 as with a cap below the floor set by the caller (docs/lineage.md, "The same bytes across CPUs").
 
 benchmarks/isa_pins.py shows, per runtime, that each switch is read (a cap below the floor, set inside the stage,
-changes that framework's bytes on this CPU): that is what makes the second test able to fail here."""
+changes that framework's bytes on a CPU above the floor): that is what makes the second test able to fail."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ from lineage_support import copy_run
 from pipelines.environments import ISA_FLOOR, ISA_PINS, stage_environment
 from support import MODELS, TinyRun
 
-# A caller's caps below the floor, per runtime (benchmarks/isa_pins.py: each changes its framework's bytes here).
+# A caller's caps below the floor, per runtime (benchmarks/isa_pins.py: on a CPU above the floor, each changes
+# its framework's bytes).
 BELOW = {"ONEDNN_MAX_CPU_ISA": "AVX", "MKL_CBWR": "COMPATIBLE,STRICT", "XLA_FLAGS": "--xla_cpu_max_isa=AVX"}
 
 

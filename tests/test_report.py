@@ -194,6 +194,8 @@ def test_summary_is_headline_figures_in_at_most_10_keys(failing: Path, tmp_path:
     cnn = json.loads((failing / "summary/cnn.json").read_text())
     assert cnn["worst_forward_parity_over_tol"] == pytest.approx(32.0)  # the failing pair, 32x its tolerance
     assert cnn["worst_step1_loss_over_tol"] == pytest.approx(0.02) and cnn["torch"]["test_accuracy"] == 0.97
+    # cnn's torch|tf and torch|jax test losses parted and were judged by the null: only tf|jax's 1.5e-4 counts.
+    assert cnn["worst_test_loss_over_tol"] == pytest.approx(0.15)
 
 
 def test_quality_figures_come_from_the_validate_stage_when_it_records_them(tmp_path: Path) -> None:

@@ -67,13 +67,13 @@ def test_each_server_is_a_detached_container_of_its_image_on_the_network(name, i
     assert flag_values(argv, "--volume") == [f"{REPO}:{REPO}"] and flag_values(argv, "--workdir") == [str(REPO)]
     assert "--security-opt" in argv and not any("SOME_TOKEN" in arg for arg in argv)
     command = argv[argv.index(image) + 1:]
-    # The same command line as a server process here, but listening on the container's own interfaces.
+    # The same command line as a local server process, but listening on the container's own interfaces.
     local = serving.server_arguments(name, Path("artifacts"), "torch", HTTP_PORT, GRPC_PORT, ["mlp", "cnn"])
     at = command.index("--host")
     assert command[at + 1] == "0.0.0.0" and command[:at] + command[at + 2:] == ["python", *local]
     assert command[:3] == ["python", "-m", module] and flag_values(command, "--artifacts") == [folder]
     assert flag_values(command, "--http-port") == ["8080"] and flag_values(command, "--grpc-port") == ["8081"]
-    assert "--host" not in local  # a process here stays on 127.0.0.1
+    assert "--host" not in local  # a local process stays on 127.0.0.1
 
 
 def test_the_client_runs_in_a_validation_container_on_the_same_network_and_finds_servers_by_name(tmp_path):
@@ -98,7 +98,7 @@ def test_readiness_is_probed_inside_each_server_container_and_the_stop_is_sigter
 
 def test_a_server_that_cannot_start_is_one_line_and_every_container_and_the_network_are_removed(monkeypatch,
                                                                                               tmp_path):
-    """The engine's answers stood in for (no engine here): the jax server's `run` fails; what the session asked
+    """The engine's answers stood in for (no engine runs): the jax server's `run` fails; what the session asked
     the engine for afterwards must remove all it may have made."""
     asked: list[list[str]] = []
 

@@ -273,7 +273,7 @@ def smoke_jax(found: Findings) -> None:
 
 
 def gpu_devices_present() -> bool:
-    """Whether NVIDIA device nodes are here (the container toolkit adds them with --gpus / the CDI device)."""
+    """Whether NVIDIA device nodes are present (the container toolkit adds them with --gpus / the CDI device)."""
     return Path("/dev/nvidiactl").exists() or any(Path("/dev").glob("nvidia[0-9]*"))
 
 

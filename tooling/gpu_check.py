@@ -64,7 +64,7 @@ def refusal() -> str:
     return REFUSAL.format(why=problem) if problem else ""
 
 
-# ---------------------------------------------------------------- 2-5. on the GPU host (not runnable here)
+# ---------------------------------------------------------------- 2-5. on the GPU host (refused without one)
 
 
 def orchestrator_env(**extra: str) -> dict[str, str]:

@@ -2,11 +2,11 @@
 containers/rosetta.Dockerfile, for every environment, parameterized by pyproject.toml's
 [tool.rosetta.environments].
 
-    python -m tooling.images build --variant cpu           # the four CPU images here, no registry needed
+    python -m tooling.images build --variant cpu           # the four CPU images, locally, no registry needed
     python -m tooling.images build --variant cuda --clean  # the four CUDA images (several GB each)
-    python -m tooling.images engine                        # make sure an engine answers (starts dockerd here)
+    python -m tooling.images engine                        # make sure an engine answers (starts dockerd when it can)
 
-Both variants start from one Debian bookworm base made here with debootstrap (no registry, no digest to trust):
+Both variants start from one Debian bookworm base made locally with debootstrap (no registry, no digest to trust):
 the CUDA libraries come as the locks' nvidia-* wheels, the driver from the host. Each image's build context is a
 wheelhouse downloaded on the host, so the build itself needs no network (see containers/README.md).
 """
@@ -42,7 +42,7 @@ from pipelines.environments import (
 
 RECIPE = REPO_ROOT / "containers" / "rosetta.Dockerfile"
 WHEELHOUSE = RECIPE.parent / "wheelhouse"  # git-ignored; one build context per image: requirements.lock + wheels/
-# The base of every image, CPU and CUDA: made here by debootstrap (Debian bookworm's python3 is the locks' 3.11).
+# The base of every image, CPU and CUDA: made locally by debootstrap (Debian bookworm's python3 is the locks' 3.11).
 BASE = "rosetta-base:bookworm"
 SITE_PACKAGES = f"/opt/venv/lib/python{PYTHON_VERSION}/site-packages"  # where the recipe installs the lock
 # pip must pick the same files uv locked for Python 3.11 on manylinux_2_28; pip does not widen a manylinux_2_x
@@ -191,7 +191,7 @@ def wheelhouse(env: str, variant: str, cache: bool = True) -> Path:
     """A build context holding exactly env's lock and its wheels, downloaded on the host.
 
     The build then installs with --no-index: no network, proxy or CA certificate inside the build, and no
-    credential that could end up in a layer. Wheels are checked against the lock's hashes twice (here by pip
+    credential that could end up in a layer. Wheels are checked against the lock's hashes twice (on the host by pip
     download, in the image by pip install).
     """
     lock = lock_path(env, variant)
@@ -227,7 +227,7 @@ def make_base(engine: Engine) -> None:
         return
     if os.geteuid() != 0 or not shutil.which("debootstrap"):
         raise SystemExit(
-            f"error: base image {BASE} is missing and cannot be made here (needs root and debootstrap:"
+            f"error: base image {BASE} is missing and cannot be made (needs root and debootstrap:"
             " apt-get install debootstrap); or pass --base python:3.11-slim-bookworm where a registry is reachable"
         )
     mirror = os.environ.get("ROSETTA_DEBIAN_MIRROR", "http://deb.debian.org/debian")
@@ -312,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     build_p = sub.add_parser("build", help=f"build images from {RECIPE.relative_to(REPO_ROOT)}")
     build_p.add_argument("envs", nargs="*", metavar="ENV", help=f"default: all of {', '.join(ENVIRONMENTS)}")
     build_p.add_argument("--variant", choices=VARIANTS, default="cpu")
-    build_p.add_argument("--base", help=f"base image (default: {BASE}, made here with debootstrap)")
+    build_p.add_argument("--base", help=f"base image (default: {BASE}, made locally with debootstrap)")
     build_p.add_argument(
         "--clean",
         action="store_true",
@@ -320,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     build_p.add_argument("--force", action="store_true",
                          help="build even an image already built from the current lock and recipe on the same base")
-    sub.add_parser("engine", help="make sure a container engine answers (starts dockerd here when it can)")
+    sub.add_parser("engine", help="make sure a container engine answers (starts dockerd when it can)")
     args = parser.parse_args(argv)
     if args.action == "engine":
         engine = ensure_engine()

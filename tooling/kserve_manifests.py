@@ -58,7 +58,7 @@ THREADS = "2"  # the runner's default (pipelines/environments.py DEFAULT_THREADS
 # the four side by side on 2 busy cores (pipelines/serving/servers.py READY_SECONDS), so the startup probe allows
 # 300 s.
 PROBE_PERIOD_S, STARTUP_FAILURES = 5, 60
-# Peak RSS once ready, each manifest's command run here on the committed run (trained + init models): tf 671 MB,
+# Peak RSS once ready, each manifest's command run on the committed run (trained + init models): tf 671 MB,
 # torch 463 MB, jax 368 MB, onnx 202 MB; the limit leaves tf three times that.
 RESOURCES = {"requests": {"cpu": THREADS, "memory": "1Gi"}, "limits": {"cpu": THREADS, "memory": "2Gi"}}
 # Loaded by the stages' runner too, but meaningless in a pod: where things live on this machine.

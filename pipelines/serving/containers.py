@@ -64,7 +64,7 @@ def _run_line(engine: Engine, env: str, variant: str, command: Sequence[str], ne
 def server_run_command(engine: Engine, name: str, variant: str, network: str, artifacts: Path, onnx_from: str,
                        models: Sequence[str] | None, host_env: Mapping[str, str], repo: Path, cwd: Path, uid: int,
                        gid: int) -> list[str]:
-    """`<engine> run --detach` of one server on `network`: the same server command line as a process here
+    """`<engine> run --detach` of one server on `network`: the same server command line as a local process
     (servers.server_arguments), listening on the container's own interfaces."""
     arguments = server_arguments(name, artifacts, onnx_from, HTTP_PORT, GRPC_PORT, models, host=LISTEN)
     return _run_line(engine, SERVERS[name][0], variant, ["python", *arguments], network,

@@ -118,8 +118,8 @@ def served_folder(name: str, artifacts: Path, onnx_from: str) -> Path:
 def server_arguments(name: str, artifacts: Path, onnx_from: str, http_port: int, grpc_port: int,
                      models: Sequence[str] | None = None, max_body_bytes: int | None = None,
                      host: str = HOST) -> list[str]:
-    """A server's command line after its interpreter (`-m <module> --artifacts ...`): one place for both a process
-    here (start) and a container on a network of its own (pipelines/serving/containers.py, `--host 0.0.0.0`)."""
+    """A server's command line after its interpreter (`-m <module> --artifacts ...`): one place for both a local
+    process (start) and a container on a network of its own (pipelines/serving/containers.py, `--host 0.0.0.0`)."""
     command = ["-m", SERVERS[name][1], "--artifacts", str(served_folder(name, artifacts, onnx_from)),
                "--init", str(artifacts / INIT_FOLDER), "--http-port", str(http_port), "--grpc-port", str(grpc_port)]
     command += ["--host", host] if host != HOST else []

@@ -328,7 +328,7 @@ class TolerancesSpec(_Section):
     # BatchNorm running mean and variance after training, pairwise: max |a - b| of a layer's statistic over its
     # largest magnitude, worst layer. Measured (resnet, digits): <= 6.3e-7 while the three frameworks' losses agree
     # (2 epochs; and through epoch 5 of 10); the statistics then follow the weights, so a run whose training
-    # parity departs departs here too (10 epochs: 1.3e-2 to 2.5e-2, beside test_loss_rel 2.7e-3 to 2e-2). The
+    # parity departs, parts in this figure too (10 epochs: 1.3e-2 to 2.5e-2, beside test_loss_rel 2.7e-3 to 2e-2). The
     # bound is test_loss_rel's; the mistake this figure is for, torch averaging the unbiased batch variance,
     # gives 1/(n-1) ~ 2e-3 in the block's BatchNorms (n = 32 images x 4x4 positions): twice the bound.
     running_stats_rel: PositiveFloat = 1e-3
