@@ -44,6 +44,11 @@ browser:
 		fi; \
 	fi
 
+# The fast tests alone (tests/unit and packages/common/tests): no pipeline run, no framework environment.
+.PHONY: test-unit
+test-unit: $(VENV)/.installed
+	python -m pytest -q -n 2 tests/unit packages/common/tests
+
 test-cross: setup browser
 	python -m tooling.run_tests cross
 
@@ -86,7 +91,7 @@ images: $(VENV)/.installed
 # Builds the CPU images, runs the tiny pipeline locally, then reruns its image-using stages in containers
 # (ROSETTA_RUNTIME=container) in a copy of it.
 test-containers: $(VENV)/.installed
-	ROSETTA_CONTAINER_TESTS=1 python -m pytest -q tests/test_containers.py
+	ROSETTA_CONTAINER_TESTS=1 python -m pytest -q tests/system/test_containers.py
 
 # The CUDA variant (containers/README.md, "CUDA images"): the same recipe and Debian base, the CUDA locks' nvidia-*
 # wheels. Several GB of wheels, so none of these is part of `make test`.
@@ -104,7 +109,7 @@ smoke-cuda: $(VENV)/.installed
 
 # Builds (or confirms) the CUDA images, smoke-checks them, then the tiny pipeline in them (CPU fallback without a GPU).
 test-cuda: $(VENV)/.installed
-	ROSETTA_CUDA_TESTS=1 python -m pytest -q tests/test_cuda_variant.py
+	ROSETTA_CUDA_TESTS=1 python -m pytest -q tests/system/test_cuda_variant.py
 
 # On a GPU host with the NVIDIA Container Toolkit: the CUDA images on the GPU, the tiny pipeline, a report in
 # reports/gpu-check/. Refuses in one line anywhere else.

@@ -45,7 +45,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 MEASUREMENTS = Path("measurements")
 
-# The runner's pins (pipelines/environments.py ISA_PINS, and XLA's cap in its XLA_FLAGS; tests/test_isa_pins.py
+# The runner's pins (pipelines/environments.py ISA_PINS, and XLA's cap in its XLA_FLAGS; tests/pipeline/test_isa_pins.py
 # keeps this list in step). This benchmark runs every stage through the runner, as the pipeline does, and does not
 # import pipelines (benchmarks import nothing that imports them back): a variant is an `env` command in front of
 # the stage, which sees the runner's environment and changes only these variables.

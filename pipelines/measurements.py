@@ -265,10 +265,10 @@ def _runner_started() -> float | None:
     return process_started(parent) if b"pipelines.runner" in command else None
 
 
-# A test-only hook (tests/test_lineage.py's kill test): hold a stage at a named point until it is killed, so that a
-# kill lands at that moment whatever the machine's speed. ROSETTA_TEST_HOLD is "<stage>:<point>#<n>": hold the n-th
-# process of that stage (train_export, never train_export@torch: which framework runs n-th is DVC's choice) that
-# reaches the point, counted in the file ROSETTA_TEST_HOLD_COUNT. A point is a boundary of StageClock's phases:
+# A test-only hook (tests/pipeline/test_lineage.py's kill test): hold a stage at a named point until it is killed,
+# so that a kill lands at that moment whatever the machine's speed. ROSETTA_TEST_HOLD is "<stage>:<point>#<n>": hold
+# the n-th process of that stage (train_export, never train_export@torch: which framework runs n-th is DVC's choice)
+# that reaches the point, counted in the file ROSETTA_TEST_HOLD_COUNT. A point is a boundary of StageClock's phases:
 # "after:<lap>" (when a lap ends; after:inputs is just before the framework import) or "before:<phase>" (a phase
 # block starting; a model's phases match without the model: before:train is any model's training). Unset, it costs
 # one dictionary look-up per phase and changes nothing the stage computes or writes.

@@ -5,7 +5,7 @@ Written once for the two places that run ONNX files: the validate stage's checks
 and the ONNX model server (pipelines/serving/onnx.py), so the server answers with the very settings whose logits
 validate judged. It is one of pipelines' own modules and imports none of them: pipelines.checks imports pipelines'
 own modules, so this cannot live in pipelines.checks without the ONNX server importing it back, a cycle between
-the two packages (tests/test_imports.py)."""
+the two packages (tests/unit/test_imports.py)."""
 
 from __future__ import annotations
 

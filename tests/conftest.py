@@ -1,5 +1,5 @@
-"""Fixtures shared by the cross-cutting tests; their helpers live in support.py (see its docstring for why
-they are not imported from here)."""
+"""Fixtures shared by the cross-cutting tests (unit/, pipeline/, system/) and the order their files run in;
+their helpers live in the support package (its docstring says why not in a conftest)."""
 
 import os
 import sys
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-# support.py (shared helpers) sits beside the tests; common and pipelines come from this checkout.
+# The support package (shared helpers) sits in tests/; common and pipelines come from this checkout.
 sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).resolve().parents[1] / "packages/common/src")]
 
 from support import TinyRun, run_tiny_pipeline, shared_tiny_pipeline  # noqa: E402  (needs the path above)
@@ -15,7 +15,7 @@ from support import TinyRun, run_tiny_pipeline, shared_tiny_pipeline  # noqa: E4
 # Under pytest-xdist (`make test` runs this suite on two workers, tooling/run_tests.py) every test file runs whole on
 # one worker, so a module's fixtures are made once; test_planted_porting_bugs.py runs beside test_taps_localize.py,
 # whose planted rounds it judges too (planted_runs below).
-SAME_WORKER = {"tests/test_planted_porting_bugs.py": "tests/test_taps_localize.py"}
+SAME_WORKER = {"tests/pipeline/test_planted_porting_bugs.py": "tests/pipeline/test_taps_localize.py"}
 
 # The order the workers take the files in (pytest_collection_modifyitems below). The tiny run takes minutes and
 # most files wait for it, so: first a file that asks for it at once (one worker makes it), then every file that
@@ -24,14 +24,17 @@ SAME_WORKER = {"tests/test_planted_porting_bugs.py": "tests/test_taps_localize.p
 # measures them (containers, the planted rounds, lineage, report, ...); only their order is used.
 # test_containers.py asks for the tiny run only once its images are built (request.getfixturevalue), so no fixture
 # list shows it: it is named here.
-STARTS_THE_TINY_RUN = "tests/test_planted_porting_bugs.py"
-NEEDS_THE_TINY_RUN_LATER = {"tests/test_containers.py"}
-SLOWEST = ["tests/test_containers.py", "tests/test_planted_porting_bugs.py", "tests/test_taps_localize.py",
-           "tests/test_lineage.py", "tests/test_report.py", "tests/test_stage_kills.py",
-           "tests/test_validate_failures.py", "tests/test_serving.py", "tests/test_isa_pins.py",
-           "tests/test_bad_inputs.py", "tests/test_serve_stage.py", "tests/test_data_parallel.py",
-           "tests/test_jax2tf.py", "tests/test_pipeline_e2e.py", "tests/test_serving_load.py",
-           "tests/test_environments.py", "tests/test_deployment_benchmark.py", "tests/test_where_they_part.py"]
+STARTS_THE_TINY_RUN = "tests/pipeline/test_planted_porting_bugs.py"
+NEEDS_THE_TINY_RUN_LATER = {"tests/system/test_containers.py"}
+SLOWEST = [
+    "tests/system/test_containers.py", "tests/pipeline/test_planted_porting_bugs.py",
+    "tests/pipeline/test_taps_localize.py", "tests/pipeline/test_lineage.py", "tests/system/test_report_page.py",
+    "tests/pipeline/test_stage_kills.py", "tests/pipeline/test_validate_failures.py", "tests/system/test_serving.py",
+    "tests/pipeline/test_isa_pins.py", "tests/pipeline/test_bad_inputs.py", "tests/pipeline/test_serve_stage.py",
+    "tests/pipeline/test_data_parallel.py", "tests/pipeline/test_jax2tf.py", "tests/pipeline/test_pipeline_e2e.py",
+    "tests/system/test_serving_load.py", "tests/pipeline/test_environments.py", "tests/unit/test_report.py",
+    "tests/pipeline/test_where_they_part.py",
+]
 TINY_FIXTURES = {"tiny_pipeline", "planted_runs"}
 
 

@@ -23,7 +23,7 @@ What it does, in order (each step's output goes to the terminal; the report to r
    measurements) vs ORT CUDA; the parity of the CUDA run with the CPU run (first-step loss, test loss and
    accuracy, against params.yaml's training tolerances); both runs' validation verdicts. Exit 0 only if all pass.
 
-Only steps 1 and 6 can run without a GPU; tests/test_gpu_check.py tests them (the refusal, and the report from a
+Only steps 1 and 6 can run without a GPU; tests/unit/test_gpu_check.py tests them (the refusal, and the report from a
 fake result file). Steps 2-5 are thin: they call the same commands a user would.
 """
 

@@ -10,7 +10,7 @@ image (`rosetta-<env>:cpu`, pipelines/containers.py), its module's command line 
 initializer puts at /mnt/models. The store holds what the runner mounts for a stage (the images hold no code of
 ours): the sources on PYTHONPATH and the finished run's artifacts, so a server runs the code that made its models.
 Written, not hand-kept: the command line, environments and thread pins come from the modules that own them, and
-tests/test_kserve_manifests.py fails when the committed files drift from what this module writes. The annotation
+tests/unit/test_kserve_manifests.py fails when the committed files drift from what this module writes. The annotation
 `rosetta.served-models` lists the names the server answers to once the store holds params.yaml's models
 (rosetta_common.serving.served_models: each model and its init twin, DNS-1123 labels, so text_transformer is
 `text-transformer`): the names a client puts in /v2/models/<name>, and KServe's own rule for a TrainedModel's name,

@@ -1,6 +1,6 @@
 """The tiny run: this checkout copied with params small enough that every model, stage and check runs in
-minutes, and `dvc repro` there. The cross-cutting tests (through tests/support.py) and `make gpu-check` share it;
-it lives here, not in tests/, so the GPU check needs no test file on its path."""
+minutes, and `dvc repro` there. The cross-cutting tests (through tests/support/) and `make gpu-check` share it; it
+lives in tooling/, not in tests/, so the GPU check needs no test file on its path."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ What it does on a TPU host, in order (the CPU runs, artifacts/<framework>/, come
 4. Judges each against every CPU run present (tooling/tpu_judge.py) and writes reports/tpu-check/: each
    precision's result JSON and report.md (tooling/tpu_report.py). Exit 0 only if the `highest` run passes and
    the default-precision run fails naming the matrix precision.
-Without a TPU only steps 1 and the bounds, judge and report subcommands run (tests/test_tpu_check.py).
+Without a TPU only steps 1 and the bounds, judge and report subcommands run (tests/unit/test_tpu_check.py).
 """
 
 from __future__ import annotations

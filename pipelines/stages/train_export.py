@@ -107,7 +107,7 @@ def rebuilt(backend: ModuleType, job: Job, model: Any, init: Weights) -> Any:
 
     Never the run's own model: its weights would have to be put back through to_canonical and from_canonical,
     and a porting bug in that mapping (torch's LSTM bias given to both of its bias vectors) would then change
-    the model whose outputs, exports and taps are recorded (tests/test_taps_localize.py's trained plants)."""
+    the model whose outputs, exports and taps are recorded (tests/pipeline/test_taps_localize.py's trained plants)."""
     if model is None:
         return backend.build(job.config, init)
     backend.from_canonical(model, init)

@@ -7,7 +7,7 @@
 The lock is the union of the tf and jax CPU locks: it is resolved from both packages' pyprojects (and common's)
 under both locks' pins as constraints, so every distribution the two environments share is the version both
 already pin (numpy, ml-dtypes, protobuf, onnx, kserve, ...), and nothing had to give: the two locks agree on all
-of them. tests/test_jax2tf.py checks the lock stays that union. Built and run as pipelines/runner.py builds and
+of them. tests/pipeline/test_jax2tf.py checks the lock stays that union. Built and run as pipelines/runner.py builds and
 runs the others (uv venv + uv pip sync --require-hashes; the stage's variables: thread and instruction-set pins,
 common's and rosetta_jax's sources and the repository root on PYTHONPATH), but not one of [tool.rosetta.environments]:
 no stage, image or make target needs it, only this route and its test.

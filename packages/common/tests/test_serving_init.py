@@ -1,6 +1,6 @@
 """rosetta_common.serving's init twins, where there is no kserve: the served names, the --init flag, and the
 canonical init weights loaded as train_export loads them. The servers serving them are tested for real in
-tests/test_serving.py and tests/test_serve_stage.py."""
+tests/system/test_serving.py and tests/pipeline/test_serve_stage.py."""
 
 import re
 import sys

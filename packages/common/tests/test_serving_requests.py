@@ -1,5 +1,5 @@
 """rosetta_common.serving's request checks, where there is no kserve (the orchestrator): importing the modules and
-checking a request need numpy alone. The servers themselves are tested for real in tests/test_serving.py."""
+checking a request need numpy alone. The servers themselves are tested for real in tests/system/test_serving.py."""
 
 import hashlib
 import sys

@@ -14,10 +14,9 @@ from pathlib import Path
 import pytest
 
 from benchmarks import deployment, deployment_worker
-from pipelines import deployment_formats, measurements, paths
+from pipelines import deployment_formats, measurements
 from pipelines.report import deployment as report_deployment
-from pipelines.stages.report import build
-from report_fixtures import browser_missing, make_artifacts, run_in_browser
+from support.report_fixtures import deployment_row
 
 
 def test_tree_bytes_counts_each_regular_file_once_and_follows_no_symlink(tmp_path: Path) -> None:
@@ -91,18 +90,9 @@ def test_interleaved_puts_every_case_at_every_place() -> None:
     assert all(sorted(order) == cases for order in orders)
 
 
-def _row(fmt: str, framework: str, total: float) -> dict:
-    return {"model": "cnn", "format": fmt, "framework": framework, "env": "validation", "bytes": 2048,
-            "cold": {"interpreter_seconds": 0.05, "imports_seconds": 1.0, "load_seconds": 0.02,
-                     "first_request_seconds": 0.0007, "total_seconds": total},
-            "first_batch64_ms": 1.7, "steady": {"1": {"median_ms": 0.06, "p90_ms": 0.08},
-                                                "64": {"median_ms": 0.9, "p90_ms": 1.2}},
-            "max_rss_mib": 58.5, "needs_model_code": False, "max_abs_vs_onnx": None}
-
-
 def test_table_shows_each_rows_figures_and_every_formats_facts() -> None:
     environments = {"validation": {"bytes": 385 * 2**20, "runtime_bytes": 72 * 2**20}}
-    text = deployment.table([_row("onnx", "torch", 1.34)], environments)
+    text = deployment.table([deployment_row("onnx", "torch", 1.34)], environments)
     row = next(line for line in text.splitlines() if line.startswith("| cnn |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[:4] == ["cnn", "onnx", "torch", "2.0 KiB"]
@@ -156,8 +146,8 @@ def test_every_format_has_a_worker_loader_and_sources() -> None:
 
 
 def test_the_record_reaches_timings_js_and_a_malformed_one_is_null(tmp_path: Path) -> None:
-    record = {"settings": {"repeats": 5}, "rows": [_row("onnx", "jax", 1.6)], "environments": {"validation": {}},
-              "raw": "not for the page"}
+    record = {"settings": {"repeats": 5}, "rows": [deployment_row("onnx", "jax", 1.6)],
+              "environments": {"validation": {}}, "raw": "not for the page"}
     (tmp_path / measurements.DEPLOYMENT.name).write_text(json.dumps(record))
     measurements.refresh(tmp_path)
     line = next(x for x in (tmp_path / measurements.TIMINGS_JS.name).read_text().splitlines()
@@ -175,29 +165,3 @@ def test_the_reports_facts_table_has_a_row_per_format() -> None:
     onnx = next(row for row in table.rows if row.cells[0].text == "onnx")
     assert onnx.cells[4].text == deployment_formats.by_name("onnx").python
     assert onnx.cells[-1].lines == deployment_formats.by_name("onnx").sources
-
-
-@pytest.mark.skipif(browser_missing() is not None, reason=str(browser_missing()))
-def test_the_report_draws_the_measured_table_under_the_facts(tmp_path: Path) -> None:
-    root = tmp_path / "repo"
-    make_artifacts(root)
-    build(root)
-    found = root / measurements.ROOT
-    found.mkdir()
-    row = {**_row("onnx", "jax", 1.6), "needs_model_code": True}
-    (found / measurements.DEPLOYMENT.name).write_text(json.dumps({
-        "settings": {"repeats": 5, "calls": 50, "threads": "2"}, "rows": [row],
-        "environments": {"validation": {"bytes": 385 * 2**20, "runtime_bytes": 72 * 2**20}}}))
-    measurements.refresh(found)
-    page, errors = run_in_browser(root / paths.REPORT / "report.html",
-        "const s = document.getElementById('deployment-measured');"
-        "const t = document.getElementById('deployment-table');"
-        "return {section: s ? s.closest('section').id : null, text: s ? s.innerText : null,"
-        " rows: t ? [...t.rows].map(r => [...r.cells].map(c => c.innerText)) : null}")
-    assert errors == []
-    assert page["section"] == "deployment"
-    assert page["rows"][0][:4] == ["model", "format", "export of", "size"]
-    assert page["rows"][1] == ["cnn", "onnx", "jax", "2.0 KiB", "0.05 s", "1.00 s", "0.02 s", "0.7 ms", "1.60 s",
-                               "1.7 ms", "0.060 / 0.080 ms", "0.900 / 1.200 ms", "58.5 MiB", "validation 385.0 MiB",
-                               "72.0 MiB", "yes"]
-    assert "Medians over 5 fresh processes" in page["text"] and "threads 2" in page["text"]

@@ -19,8 +19,8 @@ from benchmarks import serving_load, serving_load_client
 from pipelines import measurements, paths, resources
 from pipelines.serving import servers as serving
 from pipelines.stages.report import build
-from report_fixtures import browser_missing, make_artifacts, run_in_browser
 from support import TinyRun
+from support.report_fixtures import browser_missing, make_artifacts, run_in_browser
 
 MODEL = "mlp"  # the tiny run's quickest model
 

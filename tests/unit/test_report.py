@@ -1,6 +1,6 @@
-"""The report stage, built from a small real fixture set of artifacts (tests/report_fixtures.py): its content,
-its verdict on a failing check, what DVC reads from it, that it is byte-stable and independent of the
-measurements of a run, and the HTML as headless Chromium renders it (measurements drawn by its script)."""
+"""The report stage, built from a small real fixture set of artifacts (tests/support/report_fixtures.py): its
+content, its verdict on a failing check, what DVC reads from it, that it is byte-stable and independent of the
+measurements of a run. The page as headless Chromium renders it: tests/system/test_report_page.py."""
 
 from __future__ import annotations
 
@@ -13,10 +13,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import numpy as np
 import pytest
 import yaml
-from matplotlib.image import imread
 
 from pipelines import paths
 from pipelines.report.analysis import shortfall
@@ -24,26 +22,22 @@ from pipelines.report.onnx_summary import summarize
 from pipelines.report.render import MEASUREMENTS_JS, MEASUREMENTS_TITLE
 from pipelines.report.sources import extract
 from pipelines.stages.report import build, main
-from report_fixtures import (
+from rosetta_common.spec import ARCHITECTURES
+from support.report_fixtures import (
     FAILING,
     FAILING_TAP,
     FRAMEWORKS,
     MODELS,
     NEW_MODELS,
-    PARTED,
     REPO,
     TRAIN_SECONDS,
-    browser_missing,
+    built_report,
     cli_env,
-    load_in_browser,
     make_artifacts,
     make_measurements,
-    run_in_browser,
 )
-from rosetta_common.spec import ARCHITECTURES
 
 SECTIONS = ["verdict", "runs", "loss", "parity", "taps", "onnx", "measurements", "sources", "environment", "checks"]
-ABSENT = "No measurements here: measurements/timings.js is absent."
 # What dvc.yaml should declare for the report (the stage, and the top-level metrics and plots over its outputs
 # and over measurements/): test_dvc_yaml_declares_the_report_as_proposed holds the repository's file to it.
 REPORT_DEPS = [
@@ -86,20 +80,14 @@ PROPOSED_DVC = {
 }
 
 
-def built(root: Path, failing: bool) -> Path:
-    make_artifacts(root, failing=failing)
-    build(root)
-    return root / paths.REPORT
-
-
 @pytest.fixture(scope="module")
 def passing(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return built(tmp_path_factory.mktemp("passing"), failing=False)
+    return built_report(tmp_path_factory.mktemp("passing"), failing=False)
 
 
 @pytest.fixture(scope="module")
 def failing(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return built(tmp_path_factory.mktemp("failing"), failing=True)
+    return built_report(tmp_path_factory.mktemp("failing"), failing=True)
 
 
 def contents(folder: Path) -> dict[str, bytes]:
@@ -415,106 +403,6 @@ def test_shortfall_says_how_far_from_passing() -> None:
     assert shortfall(0.91, 0.95).startswith("0.91 < required 0.95")
     assert shortfall(0.02, 0.0) == "0.02 where exactly 0 is required"
     assert shortfall(None, 1e-5, "ONNX file is missing") == "ONNX file is missing"
-
-
-def _timings_js_missing(entry: dict) -> bool:
-    return "measurements/timings.js" in entry.get("message", "") and "ERR_FILE_NOT_FOUND" in entry.get("message", "")
-
-
-@pytest.mark.skipif(browser_missing() is not None, reason=str(browser_missing()))
-def test_html_renders_offline_in_headless_chromium(failing: Path, tmp_path: Path) -> None:
-    """Without measurements (as after `dvc pull`): every figure, and the sentence saying they are absent."""
-    png = tmp_path / "report.png"
-    assert not (failing.parent.parent / "measurements").exists()
-    page = load_in_browser(failing / "report.html", png)
-    assert page["title"] == "Rosetta: artifact comparison report"
-    # No console error, uncaught exception or failed load, but the absent measurements file's.
-    assert [e for e in page["errors"] if not _timings_js_missing(e)] == [], page["errors"]
-    assert len(page["images"]) == 4 * len(MODELS)  # loss curves, parity heat map, taps, op histogram
-    assert all(img["complete"] and img["width"] > 0 for img in page["images"]), page["images"]
-    # Only the file itself, its inline images and the measurements script: the report opens with no network.
-    assert page["requests"] and all(url.startswith(("file://", "data:")) for url in page["requests"]), page["requests"]
-    assert any(url.endswith("/measurements/timings.js") for url in page["requests"])
-    assert MEASUREMENTS_TITLE in page["measurements"]["text"]
-    assert ABSENT in page["measurements"]["text"] and page["measurements"]["rows"] is None
-
-    pixels = imread(png)[..., :3]
-    non_white = np.any(pixels < 0.95, axis=-1).mean()
-    assert non_white > 0.01, f"screenshot is blank ({non_white:.2%} non-white pixels)"
-
-
-FIRST_SCREEN = """
-const table = document.getElementById('overview');
-const box = table.getBoundingClientRect();
-const checks = [...document.querySelectorAll('#checks tr')].map(r => [...r.cells].map(c => c.innerText));
-return {box: {top: box.top, bottom: box.bottom, left: box.left, right: box.right},
-        viewport: [window.innerWidth, window.innerHeight],
-        rows: [...table.rows].map(r => [...r.cells].map(c => c.innerText)),
-        links: [...table.querySelectorAll('a')].map(a => a.getAttribute('href')),
-        checks: checks};
-"""
-
-
-@pytest.mark.skipif(browser_missing() is not None, reason=str(browser_missing()))
-def test_first_screen_is_the_models_by_frameworks_matrix(failing: Path) -> None:
-    """At 1400x900 the matrix is on the first screen: per model each framework's test accuracy, the step where each
-    pair's runs part, the verdict and the check closest to failing; a null-judged check shows its statistic,
-    p-value and Holm threshold, not the float32 bound it exceeds."""
-    found, errors = run_in_browser(failing / "report.html", FIRST_SCREEN, window=(1400, 900))
-    assert [e for e in errors if not _timings_js_missing(e)] == [], errors
-    width, height = found["viewport"]
-    box = found["box"]
-    assert 0 <= box["top"] < box["bottom"] <= height and 0 <= box["left"] < box["right"] <= width, found
-    rows = found["rows"]
-    assert rows[0] == ["", "test accuracy", "runs part at", "verdict"]
-    assert rows[1] == ["model", *FRAMEWORKS, "torch|tf", "torch|jax", "tf|jax", "checks", "closest to failing"]
-    by_model = {row[0]: row for row in rows[2:]}
-    assert list(by_model) == MODELS
-    assert by_model["mlp"][1:8] == ["97.00 %", "96.90 %", "96.80 %", "never", "never", "never", "✓ all 30 passed"]
-    assert by_model["cnn"][4:8] == [f"step {PARTED[('cnn', 'torch|tf')]}", f"step {PARTED[('cnn', 'torch|jax')]}",
-                                    "never", "✗ 1 of 30 failed"]
-    # cnn's closest: torch|jax's test loss, judged by the null (p 0.054 against its Holm threshold 0.05 / 2).
-    assert by_model["cnn"][8] == "p 0.054, Holm 0.025\ntest_loss_rel torch|jax"
-    assert by_model["mlp"][8] == "30 % of its tolerance\nforward_parity_init_onnx tf|jax"
-    for model in MODELS:
-        assert {f"#runs-{model}", f"#parity-{model}", f"#checks-{model}"} <= set(found["links"])
-    # The null-judged row of the checks table: value, then the null's p-value and Holm threshold, its rank sum.
-    null_row = next(r for r in found["checks"] if r[:2] == ["torch|tf", "test_loss_rel"] and "2.67e-02" in r)
-    assert null_row[3].startswith("p 0.475 vs Holm 0.05\nrank sum 46 of 6 cross among 14 distances"), null_row
-    assert "tol" not in null_row[3] and null_row[4] == "yes"
-
-
-@pytest.mark.skipif(browser_missing() is not None, reason=str(browser_missing()))
-def test_browser_shows_the_measurements_of_this_run(failing: Path, tmp_path: Path) -> None:
-    root = tmp_path / "repo"
-    shutil.copytree(failing.parent.parent, root)
-    make_measurements(root, skip=(("attention", "jax"),), throughput=True)
-    page = load_in_browser(root / paths.REPORT / "report.html", tmp_path / "report.png")
-    assert page["errors"] == []
-    assert ABSENT not in page["measurements"]["text"]
-    rows = page["measurements"]["rows"]
-    assert rows[0][:4] == ["model", "framework", "train time", "steady samples/s"]
-    assert "batch 1: native / ORT" in rows[0] and "batch 64: ONNX Runtime ms" in rows[0]
-    assert [r[:2] for r in rows[1:]] == [[m, fw] for m in MODELS for fw in FRAMEWORKS]
-    tf_mlp = next(r for r in rows if r[:2] == ["mlp", "tf"])
-    # train time, steady samples/s, then per batch: native ms, ORT ms, native / ORT (tf at batch 64: 10x).
-    assert tf_mlp[2:4] == ["3.46 s", "2,469"] and tf_mlp[-3:] == ["4.500", "0.450", "10.00x"]
-    assert next(r for r in rows if r[:2] == ["attention", "jax"])[2] == "not measured on this machine"
-    assert "8 of 9 runs measured on x86_64, 4 cores" in page["measurements"]["text"]
-    # Each stage's wall time, start-up first: runner, interpreter, imports, framework import, then its phases.
-    text = page["measurements"]["text"]
-    assert "Wall time per stage" in text
-    tf_stage = next(line for line in text.splitlines() if line.startswith("train_export@tf"))
-    assert tf_stage.split("\t")[:5] == ["train_export@tf", "0.13 s", "0.03 s", "0.75 s", "7.25 s"], tf_stage
-    assert "mlp.train 3.46 s" in tf_stage and tf_stage.split("\t")[-1] == "30.50 s"
-    # The training-throughput benchmark's table: torch 1408 samples in 0.02 s against 0.025 s, tf 0.05 against 0.04.
-    assert "Training throughput: our train() against each framework's idiomatic loop" in text
-    bench = [line.split("\t") for line in text.splitlines() if line.startswith("digits\t")]
-    assert bench == [
-        ["digits", "torch", "mlp", "1,408", "3", "70,400", "56,320", "1.25x", "1.25\u20131.25", "ok", "0.50 s",
-         "0.50 s"],
-        ["digits", "tf", "mlp", "1,408", "3", "28,160", "35,200", "0.80x", "0.80\u20130.80", "parity cost", "0.50 s",
-         "0.50 s"]], bench
 
 
 def test_throughput_table_is_the_benchmarks_rows_or_none(tmp_path: Path) -> None:

@@ -40,7 +40,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DOCS = sorted([*(REPO / name for name in ("README.md", "CONTRIBUTING.md", "CHANGELOG.md", "tests/README.md",
                                           "benchmarks/README.md", "containers/README.md")),
                *(REPO / "docs").glob("*.md")])
@@ -260,7 +260,7 @@ def test_the_sources_speak_of_the_project_as_it_is() -> None:
     found = []
     for name in filter(None, listed):
         path = REPO / name
-        if path.suffix in TEXT_SUFFIXES and path.is_file() and name != "tests/test_docs.py":
+        if path.suffix in TEXT_SUFFIXES and path.is_file() and name != "tests/unit/test_docs.py":
             found += history_lines(path.read_text(errors="replace"), name)
     assert not found, "\n".join(found)
 

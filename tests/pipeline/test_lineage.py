@@ -32,8 +32,10 @@ from typing import NamedTuple
 import pytest
 import yaml
 
-from integrity_support import Started, check_outputs, fingerprint, leftovers
-from lineage_support import (
+from pipelines import paths
+from support import REPO, TinyRun, orchestrator_env, ran_stages, sh
+from support.integrity import Started, check_outputs, fingerprint, leftovers
+from support.lineage import (
     GIT,
     Kill,
     KillEvent,
@@ -45,8 +47,6 @@ from lineage_support import (
     repro_and_kill,
     subset_differences,
 )
-from pipelines import paths
-from support import REPO, TinyRun, orchestrator_env, ran_stages, sh
 from tooling.dvc_lock_check import pipeline_stages
 
 # Five moments that exist on a machine of any speed. Four are inside a train_export stage, which holds there until

@@ -366,7 +366,7 @@ def test_a_missing_artifacts_folder_is_one_error_line_before_any_server_starts(c
 
 
 def test_an_unknown_runtime_is_one_error_line_before_any_server_starts(copy: TinyRun) -> None:
-    """ROSETTA_RUNTIME=container serves from containers (tests/test_containers.py runs it; tests/
+    """ROSETTA_RUNTIME=container serves from containers (tests/system/test_containers.py runs it; tests/
     test_serving_containers.py checks its command lines); any other runtime is refused before anything starts."""
     before = tree(copy.root / paths.SERVED)
     bad = sh(SERVE, copy.root, {**copy.env, "ROSETTA_RUNTIME": "cloud"}, check=False)

@@ -23,7 +23,7 @@ from rosetta_common.serving import cli
 from rosetta_common.spec import load_spec
 from tooling import kserve_manifests as km
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ from rosetta_common.taps import tap_names
 
 # Not `from support import ...`: packages/common/tests has a conftest module too, and under a plain `pytest`
 # whichever loads last owns the name.
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MODELS = ["mlp", "cnn", "attention"]
 # Models the extended fixture adds: one with BatchNorm (running statistics), one recurrent (its ONNX form).
 NEW_MODELS = ["resnet", "lstm"]
@@ -500,3 +500,22 @@ def load_in_browser(html: Path, png: Path) -> dict[str, Any]:
         "errors": [entry for entry in browser_log if entry.get("level") == "SEVERE"],
         "requests": [e["params"]["request"]["url"] for e in events if e["method"] == "Network.requestWillBeSent"],
     }
+
+
+def built_report(root: Path, failing: bool) -> Path:
+    """The report stage run on a fresh fixture set in root (passing, or with FAILING's check failing): its folder."""
+    from pipelines.stages.report import build
+
+    make_artifacts(root, failing=failing)
+    build(root)
+    return root / paths.REPORT
+
+
+def deployment_row(fmt: str, framework: str, total: float) -> dict:
+    """One row of benchmarks/deployment.py's record (made-up figures, as the benchmark writes them)."""
+    return {"model": "cnn", "format": fmt, "framework": framework, "env": "validation", "bytes": 2048,
+            "cold": {"interpreter_seconds": 0.05, "imports_seconds": 1.0, "load_seconds": 0.02,
+                     "first_request_seconds": 0.0007, "total_seconds": total},
+            "first_batch64_ms": 1.7, "steady": {"1": {"median_ms": 0.06, "p90_ms": 0.08},
+                                                "64": {"median_ms": 0.9, "p90_ms": 1.2}},
+            "max_rss_mib": 58.5, "needs_model_code": False, "max_abs_vs_onnx": None}

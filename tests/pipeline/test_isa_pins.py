@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from integrity_support import tree
-from lineage_support import copy_run
 from pipelines.environments import ISA_FLOOR, ISA_PINS, stage_environment
 from support import MODELS, TinyRun
+from support.integrity import tree
+from support.lineage import copy_run
 
 # A caller's caps below the floor, per runtime (benchmarks/isa_pins.py: on a CPU above the floor, each changes
 # its framework's bytes).

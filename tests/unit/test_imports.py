@@ -13,10 +13,12 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 FRAMEWORK_PACKAGES = ("rosetta_torch", "rosetta_tf", "rosetta_jax")
 FRAMEWORKS = ("torch", "tensorflow", "keras", "jax", "flax", "optax", "onnxruntime", "tf2onnx", "jax2onnx")
-TESTS = REPO / "tests"  # its modules import each other by bare name (`import support`): tests/ is on sys.path
+# Test modules import the support package by bare name (`from support import TinyRun`): tests/ is on sys.path, and
+# pytest imports each test file by its name from its own folder (tests/unit, tests/pipeline, tests/system).
+TESTS = REPO / "tests"
 ROOTS = [REPO / "pipelines", REPO / "tooling", REPO / "benchmarks", *sorted((REPO / "packages").glob("*/src/*")),
          TESTS]
 
@@ -30,8 +32,11 @@ class Import:
 
 
 def module_name(path: Path) -> str:
-    if path.parent == TESTS:
-        return path.stem
+    if TESTS in path.parents:
+        rel = path.relative_to(TESTS).with_suffix("")
+        if rel.parts[0] == "support":
+            return ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+        return rel.name
     for root in ROOTS:
         if root in path.parents:
             rel = path.relative_to(root.parent).with_suffix("")

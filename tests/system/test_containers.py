@@ -29,13 +29,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from integrity_support import tree
-from lineage_support import copy_run
 from pipelines import containers, paths
 from pipelines.containers import Engine
 from pipelines.environments import ENVIRONMENTS, lock_path, lock_sha256
 from rosetta_common.io import sha256
 from support import REPO, orchestrator_env
+from support.integrity import tree
+from support.lineage import copy_run
 from tooling import images
 
 RECIPES = sorted((REPO / "containers").glob("*.Dockerfile"))

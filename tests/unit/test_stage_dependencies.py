@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 # Top-level package -> the folder that holds it (rosetta_<framework> from the environments' member folders).
 ROOTS = {"pipelines": REPO, **{p.name: p.parent for p in sorted(REPO.glob("packages/*/src/rosetta_*"))}}
 # Timings, throughputs, latencies: written to measurements/, never to a stage's output, so not lineage.

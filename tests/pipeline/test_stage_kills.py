@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from integrity_support import VALIDATE, Started, check_outputs, fingerprint, leftovers, train_export
 from pipelines import paths
 from support import TinyRun, ran_stages, replace_file, sh
+from support.integrity import VALIDATE, Started, check_outputs, fingerprint, leftovers, train_export
 
 RUN = str(paths.run_dir("mlp", "jax"))  # the run folder the direct kills target (jax starts fastest)
 

@@ -89,9 +89,10 @@ def test_the_files_come_in_the_tiny_runs_order() -> None:
                                cwd=REPO, capture_output=True, text=True, timeout=300, check=True).stdout
     files = list(dict.fromkeys(line.split("::")[0] for line in collected.splitlines() if "::" in line))
     position = {path: i for i, path in enumerate(files)}
-    assert files[:2] == ["tests/test_planted_porting_bugs.py", "tests/test_taps_localize.py"], files[:4]
-    never = ["tests/test_report.py", "tests/test_jax2tf.py", "packages/common/tests/test_spec.py"]
-    needs = ["tests/test_containers.py", "tests/test_lineage.py", "tests/test_stage_kills.py",
-             "tests/test_validate_failures.py", "tests/test_pipeline_e2e.py"]
+    first = ["tests/pipeline/test_planted_porting_bugs.py", "tests/pipeline/test_taps_localize.py"]
+    assert files[:2] == first, files[:4]
+    never = ["tests/unit/test_report.py", "tests/pipeline/test_jax2tf.py", "packages/common/tests/test_spec.py"]
+    needs = ["tests/system/test_containers.py", "tests/pipeline/test_lineage.py", "tests/pipeline/test_stage_kills.py",
+             "tests/pipeline/test_validate_failures.py", "tests/pipeline/test_pipeline_e2e.py"]
     assert max(position[f] for f in never) < min(position[f] for f in needs), files
     assert [position[f] for f in needs] == sorted(position[f] for f in needs), files

@@ -1,7 +1,7 @@
 """The serve stage's container route without an engine: the command lines pipelines/serving/containers.py builds
 (the run's network, each server's detached container, the probe, the client's container, the cleanup), the
 servers' `--host`, and that a start that fails half-way still removes every container and the network. The route
-itself runs for real in tests/test_containers.py's integration run (ROSETTA_RUNTIME=container dvc repro)."""
+itself runs for real in tests/system/test_containers.py's integration run (ROSETTA_RUNTIME=container dvc repro)."""
 
 from __future__ import annotations
 

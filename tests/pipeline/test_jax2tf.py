@@ -18,7 +18,7 @@ from rosetta_common.testing import asymmetric_weights, small_config
 from rosetta_common.weights import save_weights
 from tooling.jax2tf import env
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 # Dense layers, convolutions with BatchNorm's statistics, and lax.scan (a While loop inside the XlaCallModule op).
 ARCHS = ("mlp", "cnn", "lstm")
 

@@ -29,7 +29,11 @@ from safetensors import safe_open
 from safetensors.numpy import load_file
 from safetensors.numpy import save as save_safetensors
 
-from integrity_support import (
+from pipelines import paths
+from rosetta_common.data import IDX_FILES, check_dataset, load_idx_folder, load_prepared, write_idx
+from rosetta_common.text import CORPUS
+from support import SavedEdits, TinyRun, sh
+from support.integrity import (
     DATA,
     PY,
     VALIDATE,
@@ -41,10 +45,6 @@ from integrity_support import (
     scratch,
     train_export,
 )
-from pipelines import paths
-from rosetta_common.data import IDX_FILES, check_dataset, load_idx_folder, load_prepared, write_idx
-from rosetta_common.text import CORPUS
-from support import SavedEdits, TinyRun, sh
 
 IDX_DIR = "idx"  # a valid IDX folder made from the prepared data; each IDX case damages one file of it
 REPORT = "reports/validation.json"
