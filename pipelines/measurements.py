@@ -1,30 +1,13 @@
-"""Measurements of this run: timings, throughputs, latencies. Kept out of the lineage on purpose.
+"""Measurements of a run: timings, throughputs, latencies, resources. Kept out of the lineage on purpose.
 
-They depend on the machine and its load, so they can never repeat bit for bit; inside a DVC output they would
-change every hash downstream. Stages write them under `measurements/` (git- and DVC-ignored, never a stage's
-dependency or output). `dvc metrics show` and `dvc plots show` still show them (top-level `metrics:` and
-`plots:` in dvc.yaml), and the report page shows them, marked as this run's, by loading `timings.js`.
-
-Two kinds of record:
-- per model and framework, `measurements/<model>/<framework>.json`: training, export and latency figures of one
-  trained model (written by train_export@<framework>);
-- per stage, `measurements/stages/<stage>.json`: where that stage's wall time went, start-up included (the runner,
-  the interpreter, the imports, then each phase in order), so the start-up cost of every stage can be read after
-  any run, and its threads, descriptors and memory from its start to its end (`StageClock`).
-
-A third, written by `benchmarks/train_throughput.py` (not a stage): `measurements/throughput_table.json`, our
-train() beside each framework's idiomatic loop as the report shows it (`THROUGHPUT_TABLE` says its form; the
-benchmark's own, fuller file is its business); `timings.js` carries it too, so the report shows it.
-
-A fourth, written by `benchmarks/deployment.py`: `measurements/deployment.json`, each export format's size, cold
-start and latency (`DEPLOYMENT` says the part the report reads); `timings.js` carries that part too.
-
-A fifth, written by `benchmarks/serving_load.py`: `measurements/serving_load.json`, the model servers under a
-closed-loop client beside the same export in process (`SERVING_LOAD` says the part the report reads); `timings.js`
-carries that part too, for the report's Serving section.
-
-Each writer regenerates the aggregate files (`timings.js`, `latency.csv`, `metrics/*.json`) from every
-record present, so they are current whichever stage ran last.
+They depend on the machine and its load, so they never repeat bit for bit; inside a DVC output they would change
+every hash downstream. So stages and benchmarks write them under `measurements/`, git- and DVC-ignored and never a
+stage's dependency or output (docs/lineage.md, 'Measurements are not lineage'), and every writer then regenerates
+the aggregates from every record present (refresh; a benchmark runs `python -m pipelines.measurements`), so that
+they are current whichever ran last: `timings.js`, which the report page loads to show them as this run's,
+and `latency.csv` and `metrics/` for `dvc plots show` and `dvc metrics show` (top-level `plots:` and `metrics:` in
+dvc.yaml). Each kind of record is described beside its path below; how each figure is measured:
+benchmarks/README.md.
 """
 
 from __future__ import annotations
@@ -46,7 +29,8 @@ LATENCY_CSV = ROOT / "latency.csv"  # for `dvc plots show`
 METRICS = ROOT / "metrics"  # one flat file per model and framework, for `dvc metrics show`
 STAGES = ROOT / "stages"  # one record per stage: its start-up breakdown and phases
 CPU = ROOT / "cpu.json"  # the CPU these measurements (and this run's last bits) came from
-# The last training-throughput benchmark's table, which benchmarks/train_throughput.py writes for the report:
+# The last training-throughput benchmark's table, which benchmarks/train_throughput.py (not a stage) writes for the
+# report, our train() beside each framework's idiomatic loop; timings.js carries it:
 # {"settings": {...}, "rows": [{"scale", "framework", "model", "samples_per_epoch", "epochs",
 # "ours_samples_per_second", "idiomatic_samples_per_second", "ratio", "ratio_range": [lo, hi], "verdict", "why",
 # "ours_first_epoch_seconds", "idiomatic_first_epoch_seconds", "idiomatic_loop"}, ...]}; the idiomatic figures are
@@ -65,7 +49,7 @@ DEPLOYMENT = ROOT / "deployment.json"
 # "machine": {..., "load_average": {"before", "after"}}, "rows": [{"model", "server", "protocol", "batch",
 # "concurrency", "requests", "errors", "requests_per_second", "samples_per_second", "p50_ms", "p99_ms",
 # "in_process_p50_ms", "overhead_ratio", "overhead_ms", "server_cpu_cores", "client_cpu_cores", ...}, ...], ...};
-# the report shows settings, shares, machine and rows (timings.js).
+# the report shows settings, shares, machine and rows in its Serving section (timings.js).
 SERVING_LOAD = ROOT / "serving_load.json"
 # The resource probe's records (pipelines/resources.py), one per process group that was watched:
 # resources/<name>.json = {"name", "what", "processes": {process: summarize()'s record}}, written by the
@@ -74,10 +58,15 @@ RESOURCES = ROOT / "resources"
 NOT_RUNS = (METRICS.name, STAGES.name, RESOURCES.name)  # folders under ROOT that hold no per-run record
 
 
+# Per model and framework: the training, export and latency figures of one trained model, written by
+# train_export@<framework> (`write`).
 def record_path(model: str, framework: str, root: Path = ROOT) -> Path:
     return root / model / f"{framework}.json"
 
 
+# Per stage: where its wall time went, start-up included (the runner, the interpreter, the imports, then each phase in
+# order), so that every stage's start-up cost can be read after any run, and its threads, descriptors and memory from
+# its start to its end (StageClock, `write_stage`).
 def stage_path(stage: str, root: Path = ROOT) -> Path:
     return root / STAGES.name / f"{stage}.json"
 

@@ -1,27 +1,14 @@
 """The lockstep checkpoints: two frameworks' whole training state while their runs still agree, held to float32.
 
-Each train_export run records its state after every step of tolerances.lockstep_checkpoints (all inside the
-lockstep window that every model's runs must keep, tolerances.lockstep_steps): every canonical weight, BatchNorm's
-running mean and variance, and the eval-mode logits of the validation batch (checkpoints.npz, tied to the run by
-export.json's hashes). Every pair of frameworks is compared there at tolerances.lockstep_state_rel, for every
-model, with no exception. A porting mistake that never touches a training loss (BatchNorm's momentum convention,
-its unbiased running variance, a weight decay on a weight whose gradient is zero) shows here, before the runs
-part and chaos hides it.
-
-Beyond that float32 bound a figure is judged against the null of the same checkpoints of each framework's
-`replicates.count` replicates (recorded beside the run's, for every model), as an end-of-training figure
-is after parting (replicate_null: the cross distances run vs run and replicate i vs replicate i, the within ones
-each run vs its own replicates, Holm over the run's nulls). Adam makes that needed: it divides a step by
-sqrt(v) + epsilon, so a weight whose gradient cancels to about epsilon moves by a share of the learning rate
-that its gradient's last bits decide, and such weights (a rarely seen token's embedding row, a GRU's recurrent
-kernel) carry that into the logits. Measured, seed 5, the text model at step 1: the logits of torch|jax 1.8e-5
-apart by norm, and each framework's run 1.1e-5 to 9.0e-5 from its own replicates; gru, seed 7, step 1:
-2.8e-5 across, up to 1.9e-5 within (3 of 10 seeds failed the bound alone). The lockstep window's step losses
-(train_lockstep_loss_rel) are judged the same way, from the replicates' losses through the window.
-
-Three checks per pair: the weights (as one vector, by norm: weights_diff says why), the logits of the validation
-batch (by norm, likewise) and the running statistics (worst layer, max |a - b| over its largest magnitude; models
-with BatchNorm); each the worst over the checkpoints, each checkpoint's figures in validation.json's "lockstep"."""
+A porting mistake that never touches a training loss (BatchNorm's momentum convention, its unbiased running
+variance, a weight decay on a weight with no gradient) shows only in the state. So at each step of
+tolerances.lockstep_checkpoints, inside the lockstep window and before the runs part and chaos hides it, every pair
+of frameworks is compared, for every model, on the weights, BatchNorm's running statistics and the eval-mode logits
+of the validation batch (checkpoints.npz). Within tolerances.lockstep_state_rel a figure passes; beyond it, it is
+judged against the same checkpoints of each framework's replicates (replicate_null), and so are the window's step
+losses when train_lockstep_loss_rel fails. The checks, their tolerances and why Adam makes the null needed even
+here: docs/judge.md, 'Training parity, for each pair of frameworks' and 'The measured null'; why the weights and
+the logits are compared by norm: weights_diff."""
 
 from __future__ import annotations
 
@@ -145,8 +132,8 @@ def worst(a: dict[int, State], b: dict[int, State], kind: str) -> float:
 def lockstep_checkpoints(spec: Spec, ledger: Ledger, arch: str, runs: dict[str, dict[str, Any]],
                          config: ModelConfig, batch_size: int) -> list[dict[str, Any]]:
     """Every pair's checkpoint figures into validation.json's records, and their checks into `ledger`: within
-    tolerances.lockstep_state_rel they pass, beyond it they are judged against the replicates' null (module
-    docstring); so is a lockstep window whose step losses failed train_lockstep_loss_rel. `runs`: each
+    tolerances.lockstep_state_rel they pass, beyond it they are judged against the replicates' null (docs/judge.md,
+    'The measured null'); so is a lockstep window whose step losses failed train_lockstep_loss_rel. `runs`: each
     framework's run as validate read it (its "step_losses" from the train log, where training_parity read it)."""
     tol = spec.tolerances
     steps = list(tol.lockstep_checkpoints)

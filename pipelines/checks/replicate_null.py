@@ -1,30 +1,14 @@
-"""The validate stage's measured null: what a framework's own rounding does to a figure once two runs part.
+"""The measured null: what a framework's own rounding does to a figure once two runs part, and the test against it.
 
-Where two frameworks' runs part (their step losses differ beyond tolerances.lockstep_loss_rel), training is
-chaotic from that step on, and an end-of-training figure (test loss, test accuracy, prediction disagreement,
-BatchNorm running statistics) can no longer be held to a float32 bound. Each framework also trained
-`replicates.count` replicates from the shared init moved by one ulp, each batch's rows in an order of their own
-(train_export's `train_replicates`; rosetta_common.training.TrainPlan.replicate), replicate i the same experiment
-in every framework: one ulp at the start and other summation orders at every step, the two ways two frameworks'
-kernels differ. For a figure's distance d (say the
-relative difference of two test losses), a pair of frameworks a, b gives
+Once two frameworks' runs part, training is chaotic and a figure can no longer be held to a float32 bound. Each
+framework's replicates (the shared init moved by one ulp, each batch's rows in an order of their own) show how far
+that chaos alone carries a figure; a porting mistake shows as two frameworks further apart than that. For
+one figure and one pair, cross_and_within gives the cross-framework and the within-framework distances; rank_sum_p
+tests, exactly, that the cross ones are no larger; Ledger.judge_nulls decides every such test of the run at once
+with holm_rejected, and smallest_p says when a null is too thin to judge. The samples, the test, its alpha and
+what a null too thin does: docs/judge.md, 'The measured null'.
 
-- cross distances: d(run_a, run_b) and d(replicate_a_i, replicate_b_i) for every i (K + 1 values);
-- within distances: d(run_a, replicate_a_i) and d(run_b, replicate_b_i) for every replicate i that parted from
-  its own run (its step losses beyond tolerances.lockstep_loss_rel somewhere; up to 2K values): what chaos does
-  inside one framework once its own rounding has set it off. A replicate still in lockstep with its run at the end is no
-  sample of chaos: its distance is a float32 step, and counting it would hold parted runs to the float32 bound
-  by another name (TF's cnn replicates stayed in lockstep with TF's run in 13 of 50 runs, seeds 1 to 10).
-
-A porting mistake makes the cross distances larger than the within ones: the check fails when an exact one-sided
-permutation test of the rank sum (Wilcoxon-Mann-Whitney, ties at mid-ranks, every split of the pooled values
-counted, so no approximation at small K) rejects "the cross distances are no larger" at tolerances.null_alpha,
-Holm-corrected over every such test of the run. With K = 5 the smallest p-value possible is 1 / C(16, 6), about
-1.2e-4: room for Holm over a few dozen tests. A null too thin to reject at any step of Holm's (its smallest
-possible p above alpha; smallest_p) cannot judge: the figure stays held to its float32 bound, and fails. (Against
-alpha over the family instead, one failing check elsewhere would widen the family and silence other nulls.)
-
-Written with numpy alone (the validation environment has no scipy); the exact distribution is a subset-sum count.
+Written with numpy alone (the validation environment has no scipy): the exact distribution is a subset-sum count.
 """
 
 from __future__ import annotations
@@ -53,7 +37,8 @@ def mid_ranks(values: np.ndarray) -> np.ndarray:
 
 def rank_sum_p(cross: Sequence[float], within: Sequence[float]) -> float:
     """Exact one-sided p-value that `cross` is stochastically no larger than `within`: the share of all ways to
-    pick len(cross) of the pooled values whose rank sum is at least the observed one."""
+    pick len(cross) of the pooled values whose rank sum is at least the observed one (Wilcoxon-Mann-Whitney's rank
+    sum, ties at mid-ranks; every split counted, so no approximation at small sample sizes)."""
     pooled = np.asarray([*cross, *within], np.float64)
     k = len(cross)
     doubled = np.rint(2 * mid_ranks(pooled)).astype(np.int64)  # mid-ranks are halves: integers when doubled
@@ -76,8 +61,9 @@ def smallest_p(n_cross: int, n_within: int) -> float:
 def cross_and_within(run_a: Any, run_b: Any, reps_a: Sequence[Any], reps_b: Sequence[Any],
                      distance: Callable[[Any, Any], float], parted_a: Sequence[bool], parted_b: Sequence[bool]
                      ) -> tuple[list[float], list[float]]:
-    """The K + 1 cross distances of one figure and its within distances, of the replicates that parted from
-    their own run (`parted_a`, `parted_b`: per replicate; module docstring)."""
+    """The K + 1 cross distances of one figure (run_a vs run_b, replicate i of a vs replicate i of b) and its within
+    distances (each run vs those of its own replicates that parted from it: up to 2K), `parted_a`, `parted_b`
+    saying per replicate which did (docs/judge.md, 'The measured null')."""
     cross = [distance(run_a, run_b), *(distance(a, b) for a, b in zip(reps_a, reps_b, strict=True))]
     within = [*(distance(run_a, a) for a, p in zip(reps_a, parted_a, strict=True) if p),
               *(distance(run_b, b) for b, p in zip(reps_b, parted_b, strict=True) if p)]

@@ -1,23 +1,14 @@
 """Per-layer taps in the validate stage: where two forwards part, not only that they do.
 
-train_export records every tap (rosetta_common.taps) of the validation batch for the initial and the trained
-weights (taps.npz, hashed in export.json). Here, per model:
-- init: every framework against the float64 reference forward on the shared init, and every pair of frameworks,
-  at tolerances.forward_parity_abs (the bound of the logits they end in); one check per framework
-  (init_taps_vs_reference: the worst tap's max abs, the first tap over the bound named);
-- trained: every framework against the reference forward on that framework's own trained weights, and every
-  pair, as figures only (trained runs part chaotically once they leave lockstep, so no bound holds them);
-- every failing forward, ONNX-vs-native and lockstep check gets, in its detail, the first tap over its
-  tolerance (`localize`): for ONNX against native, whose intermediates cannot be aligned by name, the first tap
-  where the framework's native taps leave the reference (or that they all agree, so the difference is in the
-  ONNX conversion); for a lockstep check, the first init tap where the pair differs (or that the forward taps
-  agree, so the difference is in training: the training-mode forward, the backward pass or the optimizer); for
-  an end-of-training check of a pair (test figures, BatchNorm running statistics) judged against its float32
-  bound, the same, and where the init taps agree, also the first tap where the pair's trained taps differ (a
-  mistake only training shows, such as BatchNorm's momentum convention, which moves only the running
-  statistics: named at the first BatchNorm's tap). A check judged against the replicates' null is not: its runs
-  have parted, so their trained taps differ from the first layer on.
-Pure numpy: no ONNX Runtime and no framework here.
+A failing logits check says only that something differs. train_export records every tap (rosetta_common.taps:
+each layer's output, in the order the forward computes it) of the validation batch for the initial and the
+trained weights (taps.npz); tap_figures compares them with the float64 reference forward's taps and pairwise, and
+holds the init taps to tolerances.forward_parity_abs (init_taps_vs_reference); trained taps are figures only, since
+trained runs part once they leave lockstep. localize then names, in each failing check the taps explain, the first
+tap over its tolerance, or says that the forwards agree, so the difference lies in the ONNX conversion or in
+training (where_it_parts). What each check is told: docs/judge.md, 'Per-layer taps: where two forwards part'.
+
+Pure numpy: it needs neither ONNX Runtime nor a framework.
 """
 
 from __future__ import annotations
@@ -110,8 +101,10 @@ def compare(recorded: Mapping[str, Taps], reference: Mapping[str, Taps], toleran
 
 def tap_figures(ledger: Ledger, arch: str, config: ModelConfig, frameworks: list[str], batch: np.ndarray,
                 init: Weights, trained: Mapping[str, Weights], tolerance: float) -> dict[str, Any]:
-    """Read each framework's taps.npz (a run the caller judged intact), compare them (module docstring), add the
-    init_taps_vs_reference checks, and return the model's comparisons: {"init": ..., "trained": ...}."""
+    """Read each framework's taps.npz (a run the caller judged intact), compare them (init: against the reference on
+    the shared init and pairwise, at `tolerance`; trained: against the reference on each framework's own trained
+    weights and pairwise, as figures), add the init_taps_vs_reference checks, and return the model's comparisons:
+    {"init": ..., "trained": ...}."""
     recorded: dict[str, dict[str, Taps]] = {}
     for fw in frameworks:
         try:

@@ -1,37 +1,13 @@
-"""Stage `serve`: every exported model behind the four KServe model servers, the validation batch through V1 REST,
-V2 REST and V2 gRPC of each, and what came back, published for the validate stage to judge.
+"""Stage `serve`: each model's validation batch through every model server and protocol, for validate to judge.
 
     python -m pipelines.stages.serve [--client pipelines.stages.serve_client]
 
-Runs in the orchestrator's environment, as train_dp does: it starts the servers (pipelines/serving/servers.py: torch, tf
-and jax each in its framework's environment serving its reloaded native export, onnx in the validation
-environment serving `serving.ONNX_FROM`'s model.onnx files under ONNX Runtime) as processes on 127.0.0.1 with free
-ports, waits until every one answers V2 readiness for every model (within READY_SECONDS), runs the client
-(`--client`, in the validation environment: gRPC needs KServe's stubs and grpcio, which the orchestrator lacks),
-stops the servers and publishes `artifacts/served/` whole: per server and protocol the logits of the validation
-batch (<server>/<protocol>.npz), each server's metadata (<server>/metadata.json) and index.json (what was served,
-each batch's sha256 and the models it was sent to, the sha256 of every file). Every server serves each model twice:
-`<model>`, the trained export, and `<model>-init`, its framework's model of the shared canonical init weights,
-each under its served name (rosetta_common.serving's served_models, the one list of served names: text_transformer
-is served as text-transformer, a DNS-1123 label as KServe's names are), whose answers validate holds to the
-forward-parity tolerance across servers. A server that cannot start, is not ready in time or dies is one `error:`
-line naming it, and nothing is published (a previous output stays as it was).
-
-Each model gets its own validation batch, train_export's own: `load_for(model).validation_batch(
-export.validation_batch_size)`, the first test images for an image model, the first test rows of token ids (int64,
-padded) for the token model; so validate can compare every answer with the logits native_outputs.npz recorded in
-process. index.json records each batch's shape, dtype and sha256 (rosetta_common.serving.batch_sha256: images as
-float32, as always, token ids as int64) and the served names it was sent to. Ports, pids and timings never enter
-the output, which is byte for byte the same on every run; startup and per-request seconds go to
-measurements/stages/serve.json.
-
-ROSETTA_RUNTIME=container (pipelines/serving/containers.py): the stage makes an internal network of its own for the
-run (rosetta-serve-<8 hex>), starts each server as a container of its framework's image on it (onnx: the validation
-image; `--host 0.0.0.0`, so the container's address on that network), waits for readiness probed inside each server
-container, runs the client in a validation container on the same network (servers addressed by container name),
-and stops and removes every container and the network however it ends. It publishes the same artifacts/served/,
-with the same bytes: nothing of the network or the containers enters it; measurements/stages/serve.json records
-the network and the container names.
+A deployed model answers over the network, so the judge checks what the servers answer, not only what the export
+computes in process. This stage starts the four KServe model servers (torch, tf, jax, onnx) on the run's exports,
+as local processes or, with ROSETTA_RUNTIME=container, as containers on a network of their own; sends each model's
+validation batch, and its init twin's, through V1 REST, V2 REST and V2 gRPC of each (the client, `--client`, runs
+in the validation environment, which holds KServe's gRPC stubs); and publishes the answers as artifacts/served/,
+the same bytes on every run. What it publishes, how it fails, the containers: docs/serving.md, 'The serve stage'.
 """
 
 from __future__ import annotations
@@ -63,8 +39,8 @@ from rosetta_common.spec import Spec, load_spec
 
 CLIENT_MODULE = "pipelines.stages.serve_client"
 REPEATS = 3  # timed requests per server, model and protocol; the first answer is the one published
-# How long every server has to be ready: four cold starts at once (three framework imports, every model loaded)
-# took 96 s on 2 cores shared with other jobs (load average near 5), against serving.READY_SECONDS' 120 s.
+# How long every server has to be ready, every model and its init twin answering V2 readiness: four cold starts at
+# once (three framework imports, every model loaded) took 96 s on 2 cores shared with other jobs (load average near 5).
 READY_SECONDS = 300.0
 
 

@@ -1,20 +1,13 @@
-"""The serve stage's client: each model's validation batch through V1 REST, V2 REST and V2 gRPC of every running
-server, and each model's V2 metadata over REST and gRPC, written where the stage publishes them.
+"""The serve stage's client: each model's validation batch and metadata through every protocol of every server.
 
     python -m pipelines.runner validation -- python -m pipelines.stages.serve_client <config.json>
 
-Started by pipelines/stages/serve.py once every server is ready (it names this module in dvc.yaml's command);
-never run by DVC itself. It runs in the validation environment because gRPC needs KServe's generated stubs and
-grpcio, which only the serving environments hold (the orchestrator, which starts and stops the servers, has
-neither); REST goes through the same pipelines.serving.client.
-
-The config (written by the stage): {"servers": {name: {"url": REST base, "grpc": host:port}}, "models": [served
-names], "batches": {served name: a .npy of the validation batch it is sent: float32 images or int64 token ids},
-"out": the folder being published, "timings": a JSON file outside it, "repeats": how many timed requests per model
-and protocol}. Writes `<out>/<server>/<protocol>.npz` (one float32
-array per model, the first answer: np.savez, no pickle) and `<out>/<server>/metadata.json`; request latencies go
-to `timings` (measurements, never into `out`). A request that fails is one line `error: the <server> server:
-<protocol> <model>: ...` and exit 1.
+pipelines/stages/serve.py starts it once every server is ready (dvc.yaml's command names this module; DVC never
+runs it alone). It runs in the validation environment, not the orchestrator's, because gRPC needs KServe's
+generated stubs and grpcio, which the orchestrator lacks; REST goes through the same pipelines.serving.client.
+It writes each first answer where the stage publishes, and the request latencies outside it, as measurements; a
+request that fails is one `error:` line naming the server, the protocol and the model, and exit 1. The config and
+the files: main and serve_one below; what the stage publishes: docs/serving.md, 'The serve stage'.
 """
 
 from __future__ import annotations
@@ -62,7 +55,9 @@ def timed(call: Any, repeats: int) -> tuple[Any, list[float]]:
 def serve_one(name: str, server: dict[str, str], models: list[str], batches: dict[str, np.ndarray], out: Path,
               repeats: int) -> dict[str, dict[str, list[float]]]:
     """Every model of one server through every protocol, each with its own batch (`batches`: served name ->
-    batch); returns each request's seconds (protocol -> model)."""
+    batch), `repeats` timed requests each; writes `<out>/<server>/<protocol>.npz` (one float32 array per served
+    name, the first answer: np.savez, no pickle) and `<out>/<server>/metadata.json` (each served name's V2
+    metadata over REST and gRPC), and returns each request's seconds (protocol -> model)."""
     stub = serving_client.grpc_stub(server["grpc"])
     senders = {
         "v1": lambda model: serving_client.predict_v1(server["url"], model, batches[model]),
@@ -99,6 +94,10 @@ def serve_one(name: str, server: dict[str, str], models: list[str], batches: dic
     return seconds
 
 
+# The config, written by the stage: {"servers": {name: {"url": REST base, "grpc": host:port}}, "models": [served
+# names], "batches": {served name: a .npy of the validation batch it is sent: float32 images or int64 token ids},
+# "out": the folder being published, "timings": a JSON file outside it (measurements, never into "out"),
+# "repeats": how many timed requests per model and protocol}.
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     # Positional: importing kserve parses the command line itself (its ModelServer's options, abbreviations

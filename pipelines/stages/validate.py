@@ -1,29 +1,13 @@
 """Stage `validate`: judge every exported model under ONNX Runtime, in an environment with no framework.
 
-Checks, each with an explicit tolerance from params.yaml:
-- per framework and model: onnx.checker on model.onnx and init.onnx; ONNX Runtime vs the framework's own
-  logits (trained and init); ONNX Runtime's test accuracy equals the native one; native reload round trip;
-  minimum test accuracy; inference mode of every export (rosetta_common.metrics.inference_mode_problems): each
-  ONNX file run here, each native format from the logits its reload recorded in native_outputs.npz (two runs
-  on the validation batch, its first images alone);
-- per model: the float64 numpy reference forward vs every init.onnx; every pair of frameworks' init.onnx
-  on random inputs at several batch sizes (forward parity);
-- per model and pair of frameworks: training parity, strict while the runs are in lockstep (step-1 loss, every
-  step of the lockstep window; every weight, running statistic and eval logit at the lockstep checkpoints,
-  pipelines/checks/lockstep.py), and at the end of training (test loss, test accuracy, prediction disagreement,
-  and for a model with BatchNorm its running mean and variance) within the float32 bound, or once the runs part
-  against the measured null of each framework's replicates (pipelines/checks/replicates.py, Holm over
-  the run); the step where they part, the first epoch's losses and the final weight difference as figures;
-- per model, per-layer taps (pipelines/checks/taps.py): every framework's init taps against the float64
-  reference's (init_taps_vs_reference), taps pairwise and after training as figures, and every failing forward,
-  ONNX-vs-native and lockstep check naming the first tap over its tolerance;
-- with data_parallel.workers > 1: each framework's data-parallel run against its single-process run and the
-  data-parallel runs pairwise;
-- per model, what the model servers answered (the serve stage's artifacts/served/, pipelines/checks/serving.py):
-  every server through V1 REST, V2 REST and V2 gRPC bit for bit against the same export run in process, the ONNX
-  server against its framework's server, the metadata identical on every server; across frameworks, figures.
-The checks live in pipelines/checks/ (one module per kind); this is the stage's entry point. Writes
-reports/validation.json (each check's measured figure under `value`) and exits non-zero naming each failing check.
+The judge stands outside every framework: it imports none, runs each ONNX file itself, and trusts no figure it
+did not check, reading a run's files only once they match the hashes its export.json recorded. Per model it runs
+the checks of pipelines/checks/ (one module per kind: the exports and their reloads, forward parity against the
+float64 reference, training parity in lockstep and after, per-layer taps, the served answers), then the
+data-parallel runs, then decides together every check judged against the replicates' measured null
+(Ledger.judge_nulls). It writes reports/validation.json (each check's measured figure under `value`, its
+tolerance from params.yaml) and exits non-zero naming each failing check. Every check, its tolerance and why:
+docs/judge.md.
 """
 
 from __future__ import annotations

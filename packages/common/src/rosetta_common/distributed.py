@@ -1,19 +1,14 @@
 """Data-parallel training, the framework-neutral part: who a worker is, and which rows of a batch are its own.
 
-Every framework's engine is started from the variables its own launcher sets, so that a worker started by
-Rosetta's launcher and one started by hand on another host (docs/data-parallel.md, "Two hosts") are the same program:
+Each package's `distributed.py` runs its framework's own engine; what the three must agree on lives in this module.
+A worker (`Cluster`) is read from the variables its engine's own launcher sets, so a worker Rosetta's launcher
+starts and one started by hand on another host are the same program. Of each global batch of B rows, worker r takes
+the contiguous rows [r B/N, (r+1) B/N) and the dropout mask's rows of the same samples (`Cluster.rows`). With the
+same weights and plan on every worker, and each worker's loss the mean over its equal share, the engine's average of
+their gradients is the gradient of the global batch's mean loss: N workers take the single process's step, up to
+float32 summation order.
 
-- torch: `torch.distributed` (gloo on CPU, NCCL on GPU) with DDP; `MASTER_ADDR`, `MASTER_PORT`, `RANK`,
-  `WORLD_SIZE` (what `torchrun` sets);
-- jax: `jax.distributed.initialize` and a global `Mesh`; `JAX_COORDINATOR_ADDRESS`, `JAX_NUM_PROCESSES`,
-  `JAX_PROCESS_ID`;
-- tf: `tf.distribute.MultiWorkerMirroredStrategy`; `TF_CONFIG` (every worker's address, this worker's index).
-
-Parity with one process: every worker holds the same weights and the same plan; of each global batch of B rows
-(rosetta_common.training.TrainPlan.batches), worker r takes the contiguous rows [r B/N, (r+1) B/N), and the
-dropout mask rows of the same samples. Its loss is the mean over its rows; the engine averages the gradients
-over the N workers, which is the gradient of the global batch's mean loss (equal shards), so the optimizer
-takes the single-process step, up to float32 summation order.
+The engines and their variables, and starting workers by hand: docs/data-parallel.md.
 """
 
 from __future__ import annotations
@@ -27,7 +22,8 @@ from dataclasses import dataclass
 
 from rosetta_common.errors import DistributedError
 
-# The variables each framework's engine is configured from (see the table above).
+# The variables each framework's engine is configured from (docs/data-parallel.md's table): torch's are what
+# `torchrun` sets; TF_CONFIG lists every worker's address and this worker's index.
 ENGINE_VARIABLES: dict[str, tuple[str, ...]] = {
     "torch": ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"),
     "jax": ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"),
@@ -67,7 +63,8 @@ class Cluster:
         return self.rank == 0
 
     def rows(self, batch_size: int) -> slice:
-        """This worker's contiguous rows of a global batch of `batch_size`."""
+        """This worker's contiguous rows of a global batch of `batch_size` (one of
+        rosetta_common.training.TrainPlan.batches), and of that step's dropout mask."""
         if batch_size % self.world:
             raise DistributedError(
                 f"train.batch_size = {batch_size}: must divide by the {self.world} data-parallel workers"

@@ -1,49 +1,14 @@
 """The backend contract: what every framework package provides, in which module, under which name.
 
-As Keras 3 keeps one interface above `backend/{jax,tensorflow,torch}/`, `rosetta_torch`, `rosetta_tf` and
-`rosetta_jax` each have the same six modules with the same functions and signatures:
-
-- `models.build(config, weights) -> model`: the native model of `config` holding copies of these canonical
-  weights, in inference mode;
-- `models.predict(model, images) -> logits`: float32 (batch, classes) for float32 images (batch, height,
-  width) in [0, 1];
-- `models.model_config(model) -> ModelConfig`: the validated config the model was built from;
-- `models.forward_train(model, images, dropout_mask) -> logits`: one forward in training mode, as a training
-  step runs it (no gradient): BatchNorm normalizes with the batch's statistics and updates its running
-  statistics in place (rosetta_common.spec.ResNetSpec's convention), dropout multiplies by `dropout_mask`
-  (rosetta_common.training.dropout_masks; None: no dropout); the model is back in inference mode after;
-- `weights.from_canonical(model, weights) -> None`: assign canonical weights (names and shapes checked:
-  WeightsError);
-- `weights.to_canonical(model) -> Weights`: the weights in canonical names, order and layout (exact inverse);
-- `train.configure(seed) -> None`: seed the framework and switch on its deterministic mode (call first);
-- `train.make_optimizer(model, optimizer, num_steps)`: the framework's optimizer, computing
-  rosetta_common.optim's formula;
-- `train.apply_optimizer(optimizer, params, grads) -> [Weights]`: that real optimizer run on given
-  gradients; the parameters after each step (what the conformance suite checks against the formula);
-- `train.train(model, plan, data, hook=None) -> TrainResult`: train in place on the plan's batches in the plan's
-  order, showing progress; a rosetta_common.training.StepHook is called with the model after each of its steps;
-  a model trained before, its weights put back by `from_canonical`, trains exactly as a fresh build would;
-- `export.export_native(model, out_dir, example) -> [Path]`: the framework's native format(s), no pickle;
-- `export.load_native(out_dir) -> {format: predict}`: reload each native format (ArtifactError if missing
-  or unsafe);
-- `export.export_onnx(model, path, example) -> None`: ONNX with the framework's own converter, meeting
-  rosetta_common.onnx_conventions;
-- `taps.forward_with_taps(model, images) -> {tap: array}`: every tap of rosetta_common.taps, in its names,
-  order, shapes and layouts (NHWC, heads split, per-step recurrent states), float32, in inference mode, read
-  from the model's own forward with the framework's own mechanism (torch's forward hooks, a Keras model over
-  the layers' outputs, Flax NNX method interception); `logits` is what `predict` returns;
-- `distributed.start_worker(cluster) -> None`: start the framework's own distributed engine as this worker of
-  a rosetta_common.distributed.Cluster (one-line DistributedError for an unreachable coordinator or a port in
-  use, within the cluster's timeout);
-- `distributed.train_data_parallel(config, weights, plan, data, cluster) -> (model, TrainResult)`: the plan's
-  training, each worker on its rows of every batch (Cluster.rows), gradients averaged by the engine; the
-  global batch's loss at every step, the same on every rank; a model `predict` and `to_canonical` take;
-- `distributed.stop_worker() -> None`: leave the engine.
-
-Plus `FRAMEWORK` (the name in params.yaml) at package level. Failures raise the types of
-`rosetta_common.errors`. The package's `__init__` re-exports every name and calls `check_backend`, so a
-package missing a function fails at import, naming it. The conformance suite (`rosetta_common.conformance`)
+The pipeline's stages and the conformance suite drive the three frameworks' packages alike, never asking which one
+they hold. So, as Keras 3 keeps one interface above `backend/{jax,tensorflow,torch}/`, `rosetta_torch`, `rosetta_tf`
+and `rosetta_jax` have the same six modules with the same functions (`CONTRACT`), plus `FRAMEWORK`, the framework's
+name in params.yaml; `load_backend` picks a package by that name. Each package's `__init__` re-exports every name
+and calls `check_backend`, so a package missing a function fails at import, naming it, rather than halfway through a
+stage. Failures raise the types of `rosetta_common.errors`, and the conformance suite (`rosetta_common.conformance`)
 runs the same tests against each package.
+
+What each function takes, returns and promises: docs/contract.md.
 """
 
 from __future__ import annotations

@@ -4,22 +4,11 @@ comparison that names the first tap where two forwards part.
 When a forward check fails, the logits say only that something differs. Every framework package returns these
 taps (`forward_with_taps` in its `taps.py`), in these names, this order and these layouts, and so does the float64
 reference (`rosetta_common.reference.forward_with_taps`), so `first_divergent` points at the layer where a porting
-mistake enters instead of leaving a bisection by hand.
+mistake enters instead of leaving a bisection by hand. The order is the order in which the reference's forward
+computes them, which is what makes "first" meaningful: a mistake shows at the tap where it enters and at every
+later one that depends on it. The layouts, the same whatever the framework keeps, are stated above `taps`.
 
-The taps follow the reference's forward, step by step, in the order it computes them (the order is what makes
-"first" meaningful: a mistake shows at the tap where it enters and at every later one that depends on it):
-- images are NHWC (batch, height, width, channels), whatever the framework keeps (torch's NCHW is transposed);
-- dense outputs are (batch, features), or (batch, tokens, features) for attention's per-token layers;
-- attention's q, k and v are taken after the head split, (batch, heads, tokens, head_dim), head h being columns
-  h*head_dim:(h+1)*head_dim of the projection (rosetta_common.weights); the attention weights are the softmax,
-  (batch, heads, query token, key token);
-- recurrent layers tap the hidden state (and the LSTM its cell state) after every time step, (batch, time,
-  hidden), not gate pre-activations (their layout is the one thing every framework orders differently);
-- `.relu` / `.gelu` taps are the activation's output, the tap named by the layer alone its pre-activation;
-- the text model's taps cover every position, padded ones too (each is computed as a query; padding is excluded
-  only as an attention key, where its weight is exactly 0, and from the pool); its attention is each framework's
-  built-in layer, whose q, k and v stay inside it, so its first attention tap is the weights;
-- `logits` is the model's output, what `predict` returns.
+How the validate stage compares them: docs/judge.md ("Per-layer taps").
 """
 
 from __future__ import annotations
@@ -40,6 +29,19 @@ class Tap:
     layout: str  # the axes, in words
 
 
+# The taps' layouts, whatever the framework keeps (each package converts to them):
+# - images are NHWC (batch, height, width, channels) (torch's NCHW is transposed);
+# - dense outputs are (batch, features), or (batch, tokens, features) for attention's per-token layers;
+# - attention's q, k and v are taken after the head split, (batch, heads, tokens, head_dim), head h being columns
+#   h*head_dim:(h+1)*head_dim of the projection (rosetta_common.weights); the attention weights are the softmax,
+#   (batch, heads, query token, key token);
+# - recurrent layers tap the hidden state (and the LSTM its cell state) after every time step, (batch, time,
+#   hidden), not gate pre-activations (their layout is the one thing every framework orders differently);
+# - `.relu` / `.gelu` taps are the activation's output, the tap named by the layer alone its pre-activation;
+# - the text model's taps cover every position, padded ones too (each is computed as a query; padding is excluded
+#   only as an attention key, where its weight is exactly 0, and from the pool); its attention is each framework's
+#   built-in layer, whose q, k and v stay inside it, so its first attention tap is the weights;
+# - `logits` is the model's output, what `predict` returns.
 def taps(config: ModelConfig, batch: int, length: int | None = None) -> list[Tap]:
     """Every tap of `config`'s architecture for a batch of `batch` inputs (token models: of `length` tokens, the
     maximum by default), in the order the forward computes them."""

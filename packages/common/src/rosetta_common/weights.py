@@ -1,34 +1,14 @@
 """The canonical weight format: one set of names, shapes and layouts that every framework reads and writes.
 
-Convention (rosetta-canonical-v1), stated once here and mapped to each framework's own layout in that
-framework's package (`rosetta_<fw>/weights.py`):
-- dense kernels are (in, out), as Keras and Flax keep them (torch's Linear.weight is the transpose);
-- conv kernels are HWIO (height, width, in channels, out channels), as Keras and Flax keep them;
-- the flatten before the CNN's head is in (height, width, channels) order, i.e. NHWC row-major;
-  torch flattens NCHW as (channels, height, width), so its head rows are permuted when mapped;
-- an attention image row is one token; query/key/value/out kernels are (embed, embed) and head h uses
-  columns h*head_dim:(h+1)*head_dim;
-- LayerNorm parameters are `scale` and `bias`.
-- BatchNorm (resnet) keeps `scale`, `bias` and its running statistics `running_mean`, `running_var` (the
-  statistics are state, not parameters: no optimizer touches them, see `is_statistic`). Convs followed by a
-  BatchNorm have no bias. "same" padding is TensorFlow's: for stride 2 the extra row and column go at the
-  bottom and right (rosetta_common.reference.same_padding).
-- LSTM (`lstm.*`): `kernel` (in, 4h) and `recurrent_kernel` (h, 4h), gate blocks in the order input, forget,
-  cell candidate, output (torch's i, f, g, o; Keras' i, f, c, o); one `bias` (4h), the sum of torch's
-  `bias_ih` and `bias_hh` (only the sum enters the formula; torch's packages keep `bias_hh` at zero, frozen).
-- GRU (`gru.*`): `kernel` (in, 3h) and `recurrent_kernel` (h, 3h) in the order reset, update, new (torch's
-  r, z, n; Keras keeps z, r, h); `input_bias` and `recurrent_bias` (3h each), torch's formula, which Keras
-  calls reset_after=True: n = tanh(x W_n + b_in + r * (h U_n + b_hn)).
-- text_transformer (`embed.*`, `block.*`, ...): `embed.embedding` (vocabulary, embed) whose row PAD_ID (0) starts at
-  zero, learned `pos_embedding` (max_length, embed) of which a batch of length T uses rows 0..T-1, then the
-  attention model's pre-norm block, except that all four attention projections have a bias (the frameworks'
-  built-in attention layers have biases on all or none); the out projection and the per-head columns as above.
-  The key bias is held at zero and never trained (`is_frozen`): it adds q_i . b_k to every score of query i, the
-  same for every key, which the softmax cancels, so its gradient is exactly zero and only rounding noise is left,
-  which Adam's normalization would turn into steps of up to the learning rate, differently in every framework
-  (measured in torch: 2e-9 against 0.1 for the other biases; two data-parallel workers ended 2e-3 apart there).
-Files are safetensors (no pickle), float32, with the architecture and the layout in the metadata (one key,
-"rosetta", holding sorted JSON, so the same tensors always give the same bytes).
+Every run starts from one init in this format and every trained model is compared in it, so that two frameworks'
+results can differ by training alone, never by how a tensor was laid out. Each package maps it to its own layout
+in its `weights.py` and back, exactly. The layout (rosetta-canonical-v1) is stated once, above `canonical_shapes`;
+the parameters no optimizer moves (the BatchNorm statistics, the text model's key bias) at `is_statistic` and
+`FROZEN`. Files are safetensors (no pickle), float32, with the architecture and the layout in their metadata, so the
+same tensors always give the same bytes (`METADATA_KEY`). Tests get deliberately asymmetric weights
+(`random_weights`), the replicates an init moved by one ulp (`perturbed`).
+
+What each framework keeps differently, and how its package maps it: docs/conventions.md.
 """
 
 from __future__ import annotations
@@ -52,6 +32,30 @@ LAYOUT = "rosetta-canonical-v1"
 Weights = dict[str, np.ndarray]
 
 
+# The canonical layout (rosetta-canonical-v1), mapped to each framework's own in that framework's package
+# (`rosetta_<fw>/weights.py`):
+# - dense kernels are (in, out), as Keras and Flax keep them (torch's Linear.weight is the transpose);
+# - conv kernels are HWIO (height, width, in channels, out channels), as Keras and Flax keep them;
+# - the flatten before the CNN's head is in (height, width, channels) order, i.e. NHWC row-major;
+#   torch flattens NCHW as (channels, height, width), so its head rows are permuted when mapped;
+# - an attention image row is one token; query/key/value/out kernels are (embed, embed) and head h uses
+#   columns h*head_dim:(h+1)*head_dim;
+# - LayerNorm parameters are `scale` and `bias`;
+# - BatchNorm (resnet) keeps `scale`, `bias` and its running statistics `running_mean`, `running_var` (state, not
+#   parameters: no optimizer touches them, see `is_statistic`). Convs followed by a BatchNorm have no bias. "same"
+#   padding is TensorFlow's: for stride 2 the extra row and column go at the bottom and right
+#   (rosetta_common.reference.same_padding);
+# - LSTM (`lstm.*`): `kernel` (in, 4h) and `recurrent_kernel` (h, 4h), gate blocks in the order input, forget,
+#   cell candidate, output (torch's i, f, g, o; Keras' i, f, c, o); one `bias` (4h), the sum of torch's
+#   `bias_ih` and `bias_hh` (only the sum enters the formula; torch's packages keep `bias_hh` at zero, frozen);
+# - GRU (`gru.*`): `kernel` (in, 3h) and `recurrent_kernel` (h, 3h) in the order reset, update, new (torch's
+#   r, z, n; Keras keeps z, r, h); `input_bias` and `recurrent_bias` (3h each), torch's formula, which Keras
+#   calls reset_after=True: n = tanh(x W_n + b_in + r * (h U_n + b_hn));
+# - text_transformer (`embed.*`, `block.*`, ...): `embed.embedding` (vocabulary, embed) whose row PAD_ID (0) starts
+#   at zero, learned `pos_embedding` (max_length, embed) of which a batch of length T uses rows 0..T-1, then the
+#   attention model's pre-norm block, except that all four attention projections have a bias (the frameworks'
+#   built-in attention layers have biases on all or none; the key bias is frozen: `FROZEN`); the out projection
+#   and the per-head columns as above.
 def canonical_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Name -> shape of every parameter of the model, in canonical layout and in a fixed order."""
     arch, num_classes, a = config.arch, config.num_classes, config.settings
@@ -157,7 +161,11 @@ def is_statistic(name: str) -> bool:
 
 
 # Parameters every framework keeps as loaded (no gradient reaches them, no optimizer moves them).
-FROZEN = ("block.attn.key.bias",)  # text_transformer's: see the module docstring
+# text_transformer's attention key bias, zero at init: it adds q_i . b_k to every score of query i, the same for
+# every key, which the softmax cancels, so its gradient is exactly zero and only rounding noise is left, which
+# Adam's normalization would turn into steps of up to the learning rate, differently in every framework (measured
+# in torch: 2e-9 against 0.1 for the other biases; two data-parallel workers ended 2e-3 apart).
+FROZEN = ("block.attn.key.bias",)
 
 
 def is_frozen(name: str) -> bool:

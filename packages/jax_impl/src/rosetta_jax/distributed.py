@@ -1,22 +1,15 @@
-"""start_worker(), train_data_parallel() and stop_worker(): data-parallel training on JAX's own multi-process
-engine (rosetta_common.distributed says who a worker is and which rows of a batch are its own).
+"""Data-parallel training on JAX's own engine: jax.distributed's multi-process runtime and one global Mesh, the
+same step as train.py with each worker on its rows of every batch.
 
-`jax.distributed.initialize` joins this process to the others through the coordination service rank 0 serves
-(on CPU the cross-process collectives are gloo's, over TCP); every process then sees every process's device in
-`jax.devices()`. One global `Mesh` over those devices, the batch a global array sharded on its "data" axis
-(each process supplies its own rows) and the parameters and optimizer state replicated: the jitted step is
-train.py's own step, the gradient of the GLOBAL batch's mean loss, and XLA's SPMD partitioner inserts the
-all-reduce that sums the workers' partial gradients (and the loss) for it. No collective is written here.
+How the single-process step is kept (rosetta_common.distributed): `jax.distributed.initialize` joins the processes
+through the coordination service rank 0 serves, and each then sees every process's device (on CPU the collectives
+are gloo's, over TCP). One global `Mesh` over them, the batch a global array sharded on its "data" axis (each
+process supplies its own rows), the parameters and optimizer state replicated: the jitted step is train.py's own,
+the gradient of the GLOBAL batch's mean loss, and XLA's SPMD partitioner inserts the all-reduce that sums the
+workers' partial gradients (and the loss), so no collective is written by hand. jax aborts a process that cannot
+register rather than raising, so start_worker first checks what it can (the comment above it says how).
 
-What jax 0.10 does on a failure, and what is done about it:
-- jax's coordination client does not raise when it cannot register: its error callback aborts the process
-  (SIGABRT, a multi-line "Terminating process because the JAX distributed service detected fatal errors ...
-  DEADLINE_EXCEEDED ... RegisterTask" log), and jax.distributed.initialize offers no hook to change that. So
-  start_worker checks first, within the timeout, what it can check with a plain socket: on rank 0 that the
-  coordinator's port can be bound, on the other ranks that something accepts connections at the coordinator's
-  address; either failure is a one-line DistributedError naming the address.
-- What cannot be checked before (rank 0 whose peers never come, a worker that dies mid-run) stays jax's
-  abort, bounded by the same timeout (initialization_timeout, heartbeat_timeout_seconds).
+The engines, starting workers by hand, and how the runs are judged: docs/data-parallel.md.
 """
 
 from __future__ import annotations
@@ -79,6 +72,15 @@ def _wait_for_coordinator(host: str, port: int, deadline: float, timeout: float)
         time.sleep(_POLL_SECONDS)
 
 
+# What jax 0.10 does on a failure, and what is done about it:
+# - jax's coordination client does not raise when it cannot register: its error callback aborts the process
+#   (SIGABRT, a multi-line "Terminating process because the JAX distributed service detected fatal errors ...
+#   DEADLINE_EXCEEDED ... RegisterTask" log), and jax.distributed.initialize offers no hook to change that. So
+#   start_worker checks first, within the timeout, what it can check with a plain socket: on rank 0 that the
+#   coordinator's port can be bound, on the other ranks that something accepts connections at the coordinator's
+#   address; either failure is a one-line DistributedError naming the address.
+# - What cannot be checked before (rank 0 whose peers never come, a worker that dies mid-run) stays jax's
+#   abort, bounded by the same timeout (initialization_timeout, heartbeat_timeout_seconds).
 def start_worker(cluster: Cluster) -> None:
     """Join JAX's multi-process engine as process `cluster.rank` of `cluster.world` (coordinator: rank 0's
     address). Waits at most `cluster.timeout_seconds` for the peers; call once, before any JAX computation."""

@@ -1,34 +1,15 @@
-"""The seven architectures as Flax NNX modules (six read images, text_transformer token ids), written the way
-Flax's own NNX examples write models, and the contract's build(), predict(), model_config() and forward_train().
+"""The seven architectures as Flax NNX modules, and the contract's build(), predict(), model_config() and
+forward_train().
 
-NNX (not Linen): Flax 0.12's recommended API, whose attribute paths are, nearly everywhere, the canonical names
-(`self.block.attn.query.kernel` is "block.attn.query.kernel"); Flax keeps dense kernels (in, out), conv kernels
-HWIO and flattens NHWC, so weights.py transposes nothing; it renames or reshapes a few (its docstring lists them).
-The text model's conventions are in TextTransformer's docstring, after the image models (exports record lines).
+Written the way Flax's own NNX examples write models, with Flax's own layers (nnx.Conv, nnx.BatchNorm, nnx.Dropout,
+nnx.RNN, nnx.LayerNorm, nnx.Embed, nnx.MultiHeadAttention), so that what Rosetta compares is Flax as people use it.
+NNX (Flax 0.12's recommended API, not Linen) keeps attribute paths that are, nearly everywhere, the canonical names
+(`self.block.attn.query.kernel` is "block.attn.query.kernel"), so weights.py maps them by name. Where Flax's
+defaults do not follow the spec (LayerNorm's epsilon and variance, GELU's approximation, BatchNorm's variance, the
+GRU's missing recurrent bias), the spec's convention is set where the layer is made, and the code that sets it says
+how (LayerNorm, MLPBlock, batchnorm, GRUCell; the text model's masks at TextTransformer).
 
-Defaults that differ from the spec and are overridden here on purpose:
-- nnx.LayerNorm: epsilon 1e-6 and a one-pass "fast" variance by default; the spec is eps 1e-5 and the
-  biased two-pass variance (torch's), so epsilon comes from the spec and use_fast_variance=False. In training
-  (training_view) its gradient is the closed form torch's and Keras' kernels compute (LayerNorm below), not
-  autodiff's trace of the two passes: the same forward, bit for bit, at Flax's one-pass speed.
-- nnx.gelu: the tanh approximation by default; the spec is exact (erf) GELU, so approximate=False.
-- nnx.BatchNorm: momentum 0.99 and a one-pass "fast" variance by default. Its momentum means what the spec's
-  does (the weight of the old running average: running = m * running + (1 - m) * batch), so the spec's
-  number is passed unchanged (torch's argument would be 1 - m); epsilon comes from the spec (Flax's default
-  1e-5 is the spec's default, not necessarily its value); use_fast_variance=False gives the two-pass biased
-  variance, which is what both normalizes the batch and enters the running variance (the spec's convention:
-  Flax, unlike torch, never averages the unbiased one). It is built with use_running_average=True: every
-  model is in inference mode unless a training view is asked for (training_view).
-- nnx.Conv(padding="SAME", strides=2): Flax's "SAME" is TensorFlow's (lax.padtype_to_pads puts the odd row
-  and column at the bottom and right), the spec's convention (rosetta_common.reference.same_padding).
-- nnx.RNN(nnx.OptimizedLSTMCell): one (in, 4h) input kernel without bias and one (h, 4h) recurrent kernel with
-  the one bias, gates split in the order i, f, g, o: the canonical layout exactly (weights.py only renames).
-- nnx.RNN(GRUCell): Flax's nnx.GRUCell computes torch's formula n = tanh(x W_n + b_in + r * (h U_n + b_hn))
-  except that its recurrent Linear has no bias (use_bias=False), so b_hr, b_hz and b_hn cannot be held; b_hr
-  and b_hz could be folded into the input bias, b_hn cannot (r multiplies it). GRUCell below is the smallest
-  honest fix: the same cell with a biased recurrent Linear; its __call__ is Flax's, unchanged.
-- The RNNs get an explicit zero initial carry and rngs=False: nnx.RNN's default keeps an RNG stream (state
-  that counts calls) only to feed the carry initialiser, which draws nothing for zeros.
+What differs between the frameworks, and how each package reconciles it: docs/conventions.md.
 """
 
 from __future__ import annotations
@@ -136,6 +117,10 @@ layer_norm.defvjp(lambda x, scale, bias, epsilon: _layer_norm_forward(x, scale, 
                   _layer_norm_backward)
 
 
+# nnx.LayerNorm's defaults are epsilon 1e-6 and a one-pass "fast" variance; the spec's are `layer_norm_eps` and the
+# biased two-pass variance (torch's), so epsilon comes from the spec and use_fast_variance=False. In training
+# (training_view) its gradient is the closed form torch's and Keras' kernels compute (layer_norm above), not
+# autodiff's trace of the two passes: the same forward, bit for bit, at Flax's one-pass speed.
 class LayerNorm(nnx.LayerNorm):
     """nnx.LayerNorm over the last axis with the spec's two-pass variance; in a training view (closed_form_grad)
     its forward is layer_norm's, the same bits with the closed-form gradient. Elsewhere it is Flax's own call,
@@ -162,6 +147,7 @@ class LayerNorm(nnx.LayerNorm):
         return layer_norm(x, self.scale[...], self.bias[...], self.epsilon)
 
 
+# nnx.gelu's default is the tanh approximation; the spec's GELU is exact (erf), so approximate=False.
 class MLPBlock(nnx.Module):
     def __init__(self, embed_dim: int, mlp_dim: int, *, rngs: nnx.Rngs) -> None:
         self.fc1 = nnx.Linear(embed_dim, mlp_dim, rngs=rngs)
@@ -208,6 +194,7 @@ def flax_batchnorm_momentum(spec_momentum: float) -> float:
     return spec_momentum
 
 
+# Flax's padding="SAME" is lax.padtype_to_pads's, TensorFlow's: the spec's (rosetta_common.reference.same_padding).
 def conv(in_channels: int, out_channels: int, kernel: int, stride: int, *, rngs: nnx.Rngs) -> nnx.Conv:
     """A bias-free convolution (a BatchNorm follows every one). Flax's "SAME" is TensorFlow's: at stride 2 the
     odd row and column of padding go at the bottom and right, as the spec says (torch's padding=1 would pad
@@ -216,6 +203,13 @@ def conv(in_channels: int, out_channels: int, kernel: int, stride: int, *, rngs:
                     use_bias=False, rngs=rngs)
 
 
+# nnx.BatchNorm's defaults are momentum 0.99 and a one-pass "fast" variance. Its momentum means what the spec's does
+# (the old average's weight: running = m * running + (1 - m) * batch), so the spec's number is passed unchanged
+# (flax_batchnorm_momentum; torch's argument would be 1 - m). Epsilon comes from the spec (Flax's default 1e-5 is the
+# spec's default, not necessarily its value); use_fast_variance=False gives the two-pass biased variance, which both
+# normalizes the batch and enters the running variance (the spec's convention: Flax, unlike torch, never averages
+# the unbiased one). use_running_average=True: every model is in inference mode unless a training view is asked
+# for (training_view).
 def batchnorm(channels: int, momentum: float, epsilon: float, *, rngs: nnx.Rngs) -> nnx.BatchNorm:
     return nnx.BatchNorm(channels, use_running_average=True, momentum=flax_batchnorm_momentum(momentum),
                          epsilon=epsilon, use_fast_variance=False, rngs=rngs)
@@ -271,6 +265,9 @@ class ResNet(nnx.Module):
         return self.head(pooled)
 
 
+# Flax's nnx.GRUCell computes torch's formula except that its recurrent Linear has no bias (use_bias=False), so
+# b_hr, b_hz and b_hn cannot be held; b_hr and b_hz could be folded into the input bias, b_hn cannot (r multiplies
+# it). This subclass is the smallest honest fix.
 class GRUCell(nnx.GRUCell):
     """nnx.GRUCell with a bias on its recurrent Linear (b_hr, b_hz, b_hn), so that it computes torch's formula
     n = tanh(x W_n + b_in + r * (h U_n + b_hn)) for any b_hn: Flax's own cell has no recurrent bias at all
@@ -281,10 +278,14 @@ class GRUCell(nnx.GRUCell):
         self.dense_h = nnx.Linear(hidden_features, 3 * hidden_features, use_bias=True, rngs=rngs)
 
 
+# The RNNs get an explicit zero initial carry and rngs=False: nnx.RNN's default keeps an RNG stream (state that
+# counts calls) only to feed the carry initialiser, which draws nothing for zeros.
 def zeros_carry(images: jax.Array, hidden: int) -> jax.Array:
     return jnp.zeros((images.shape[0], hidden), images.dtype)
 
 
+# nnx.OptimizedLSTMCell holds one (in, 4h) input kernel without bias and one (h, 4h) recurrent kernel with the one
+# bias, gates split in the order i, f, g, o: the canonical layout exactly (weights.py only renames).
 class LSTMClassifier(nnx.Module):
     """Each image row is a time step: nnx.RNN over nnx.OptimizedLSTMCell, its last hidden state, a head."""
 

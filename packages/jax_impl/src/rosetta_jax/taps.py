@@ -1,23 +1,14 @@
 """The contract's forward_with_taps: every tap of rosetta_common.taps, read from the model's own forward with
 Flax NNX's own mechanism, converted to the canonical layout (the heads split).
 
-- nnx.capture(method_outputs=...) sows the output of every module method, but not a module's input, and the
-  ReLUs, the pooling and the GELU here are functions (nnx.relu, nnx.max_pool, nnx.gelu) whose outputs are only
-  the next module's input. So this does what nnx.capture does (Flax patches each module class's methods for the
-  call and restores them after), recording each wanted submodule's input and output: NNX's forward hooks. The
-  models are unchanged: their graphdef, state, jax.export and ONNX are what they were.
-- The forward runs eagerly (not jitted): a traced call would be cached across calls and would hide a change to
-  the model's Python (as the tests plant); predict's jitted logits agree within the native round-trip bound.
-- Two taps are no module's input or output: the CNN's first ReLU (it feeds nnx.max_pool) is nnx.relu of conv1's
-  output, and the attention weights are SelfAttention.attention_weights (the method its __call__ uses) of the
-  split q and k; a mistake in __call__'s own glue shows at block.attn.out. The LSTM's
-  cell state per step is the carry of the model's own cell, stepped over the rows (nnx.RNN returns only the
-  hidden states).
-- The text model's attention is Flax's own nnx.MultiHeadAttention: its weights are what the layer itself sows
-  when called with sow_weights=True (nnx.capture(..., nnx.Intermediate) collects them, and removes what it
-  added). With sow_weights the layer computes its softmax explicitly (nnx.dot_product_attention_weights) rather
-  than through jax.nn.dot_product_attention, so the taps' forward is that path; predict's logits agree within
-  the forward tolerance (the package's tests check it).
+A tap points at the layer where a porting mistake enters only if it is what the model itself computes: so every
+tap is read from one eager forward as it runs (each wanted submodule's calls intercepted, as nnx.capture does; the
+text model's attention weights as its layer sows them), and what that forward does not hold (the CNN's first ReLU,
+the image model's attention weights, the LSTM's cell state per step) comes from the model's own functions, methods
+and cell. Nothing in the model changes: its classes are restored after the call, so its graphdef, state,
+jax.export and ONNX are what they were. Where each tap is found: SOURCES.
+
+How the taps are compared, and what a failing check does with them: docs/judge.md ("Per-layer taps").
 """
 
 from __future__ import annotations
@@ -36,7 +27,12 @@ from rosetta_common.taps import Tap, module_sources, taps
 from rosetta_jax.models import model_input
 
 # Tap -> where the NNX forward holds it: rosetta_common.taps.MODULE_SOURCES, and (…, "derived") for the taps
-# computed here from others.
+# computed here from others. Two taps are no module's input or output: the CNN's first ReLU (it feeds nnx.max_pool)
+# is nnx.relu of conv1's output, and the attention weights are SelfAttention.attention_weights (the method its
+# __call__ uses) of the split q and k; a mistake in __call__'s own glue shows at block.attn.out. The LSTM's cell
+# state per step is the carry of the model's own cell, stepped over the rows (nnx.RNN returns only the hidden
+# states). The text model's attention is Flax's own nnx.MultiHeadAttention: its weights are what the layer sows
+# ("sown", _captured).
 SOURCES = module_sources({
     "cnn": {"conv1.relu": ("conv1", "derived")},
     "attention": {"block.attn.weights": ("block.attn", "derived")},
@@ -48,7 +44,13 @@ SOWN = "attention_weights"  # the name nnx.MultiHeadAttention sows its softmax u
 
 @contextmanager
 def _recording(model: nnx.Module, paths: set[str]) -> Iterator[dict[tuple[str, str], Any]]:
-    """While open, the first input and output of each module at `paths`, as nnx.capture records outputs."""
+    """While open, the first input and output of each module at `paths`, as nnx.capture records outputs.
+
+    nnx.capture(method_outputs=...) sows the output of every module method, but not a module's input, and the
+    ReLUs, the pooling and the GELU are functions (nnx.relu, nnx.max_pool, nnx.gelu) whose outputs are only the
+    next module's input. So this does what nnx.capture does (Flax patches each module class's methods for the call
+    and restores them after), recording each wanted submodule's input and output: NNX's forward hooks.
+    """
     modules = {".".join(map(str, path)): module for path, module in nnx.iter_modules(model)}
     by_id = {id(module): path for path, module in modules.items()}
     read: dict[tuple[str, str], Any] = {}
@@ -96,7 +98,9 @@ def _stepped_cells(model: nnx.Module, x: jax.Array) -> jax.Array:
 
 def _captured(model: nnx.Module, x: jax.Array) -> nnx.State:
     """The nnx.Intermediate values `model` sows in one forward with sow_weights=True (nnx.capture's; it leaves
-    the model as it was, also when the forward fails)."""
+    the model as it was, also when the forward fails). With sow_weights, nnx.MultiHeadAttention computes its softmax
+    explicitly (nnx.dot_product_attention_weights) rather than through jax.nn.dot_product_attention, so the taps'
+    forward is that path; predict's logits agree within the forward tolerance (the package's tests check it)."""
     try:
         _, sown = nnx.capture(model, nnx.Intermediate)(x, sow_weights=True)
     finally:  # nnx.capture removes its __captures__ only after a forward that returns
@@ -108,7 +112,9 @@ def _captured(model: nnx.Module, x: jax.Array) -> nnx.State:
 
 def forward_with_taps(model: nnx.Module, images: np.ndarray) -> dict[str, np.ndarray]:
     """Every tap of rosetta_common.taps in the canonical names, order, shapes and layouts, float32, from one
-    inference-mode forward of `model` (its `logits` are what predict returns)."""
+    inference-mode forward of `model` (its `logits` are what predict returns). The forward runs eagerly (not
+    jitted): a traced call would be cached across calls and would hide a change to the model's Python (as the tests
+    plant); predict's jitted logits agree within the native round-trip bound."""
     config: ModelConfig = model.config
     sources = SOURCES[config.arch]
     x = model_input(config, images, "forward_with_taps")

@@ -1,33 +1,14 @@
-"""Canonical <-> Flax NNX weights, in one place: the contract's from_canonical() and to_canonical().
+"""Canonical weights (rosetta-canonical-v1, see rosetta_common.weights) <-> Flax NNX variables, in one place: the
+contract's from_canonical() and to_canonical().
 
-An NNX variable's attribute path joined with "." is its native name, and models.py names every submodule
-after the canonical convention, so most names map to themselves; Flax dense kernels are (in, out) and conv
-kernels HWIO, and the CNN flattens NHWC, i.e. (h, w, c), so no tensor is transposed or permuted. What differs,
-and how each framework convention is reconciled with the spec's (rosetta_common.weights / spec.ResNetSpec):
-- BatchNorm running statistics: Flax's nnx.BatchNorm keeps them as BatchStat variables `mean` and `var`
-  (canonical `running_mean`, `running_var`); they are state, not parameters, so they are written and read
-  here but never handed to the optimizer (train.py differentiates nnx.Param only).
-- BatchNorm momentum: Flax's `momentum` is the weight of the old average, the spec's meaning, so models.py
-  passes the spec's number unchanged (flax_batchnorm_momentum); torch's would be 1 - m.
-- BatchNorm epsilon: the spec's value is passed (Flax's default 1e-5 happens to equal the spec's default).
-- BatchNorm variance: use_fast_variance=False, the two-pass biased variance, which normalizes the batch and
-  is what Flax averages into `var` (the spec's convention; torch averages the unbiased one).
-- "same" padding with stride 2: Flax's padding="SAME" is TensorFlow's (extra row/column bottom/right), the
-  spec's; nothing to map.
-- LSTM: nnx.OptimizedLSTMCell holds `dense_i.kernel` (in, 4h) without bias and `dense_h.kernel` (h, 4h) with
-  `dense_h.bias` (4h), gates split as i, f, g, o: canonical `lstm.kernel`, `lstm.recurrent_kernel`,
-  `lstm.bias` (the one bias lives on the hidden side in Flax; only the sum of torch's two enters the formula).
-- GRU: the cell (models.GRUCell) holds `dense_i.kernel`/`dense_i.bias` (input side, b_ir b_iz b_in) and
-  `dense_h.kernel`/`dense_h.bias` (hidden side, b_hr b_hz b_hn), gates r, z, n: canonical `gru.kernel`,
-  `gru.input_bias`, `gru.recurrent_kernel`, `gru.recurrent_bias`. Stock nnx.GRUCell has no `dense_h.bias`.
-- text_transformer: nnx.Embed's `embedding` (vocabulary, embed) is canonical `embed.embedding` as it is (Flax has
-  no padding row option: row PAD_ID is whatever the canonical weights hold, zero at init). nnx.MultiHeadAttention
-  keeps its projections per head (nnx.LinearGeneral): query/key/value kernel (embed, heads, head_dim) and bias
-  (heads, head_dim), out kernel (heads, head_dim, embed) and bias (embed,). Canonical head h is columns
-  h*head_dim:(h+1)*head_dim (rows of the out kernel), so each is a row-major reshape (PER_HEAD), no permutation.
-- Gate order: Flax's (FLAX_GATES) equals the canonical one (CANONICAL_GATES) for both cells, so the gate
-  blocks are reordered by the identity permutation; it is written out so that a wrong order is one
-  constant away and the package's tests can plant it.
+Flax already keeps the canonical layouts (dense kernels (in, out), conv kernels HWIO, NHWC flatten), so no tensor is
+transposed or permuted; what differs is a few names (BatchNorm's statistics, the recurrent cells'), which variables
+are state rather than parameters, and the text model's per-head attention kernels. Every such change is made and
+undone in this module, exactly, so that models.py can name its submodules after the canonical names and everything
+outside the package sees canonical weights only. An NNX variable's attribute path joined with "." is its native
+name, so most names map to themselves.
+
+What each framework keeps differently, and how its package maps it: docs/conventions.md.
 """
 
 from __future__ import annotations
@@ -42,10 +23,16 @@ from flax import nnx
 from rosetta_common.spec import ModelConfig
 from rosetta_common.weights import Weights, canonical_shapes, check_weights
 
-# Every variable of these models: trainable parameters and BatchNorm's running statistics.
+# Every variable of these models: trainable parameters and BatchNorm's running statistics. nnx.BatchNorm keeps the
+# statistics as BatchStat variables: state, not parameters, so they are written and read here but never handed to
+# the optimizer (train.py differentiates nnx.Param only).
 VARIABLES = (nnx.Param, nnx.BatchStat)
 
 # Canonical name -> NNX path, where they differ (the RNN's cell sits under `<prefix>.cell`).
+# LSTM: nnx.OptimizedLSTMCell holds `dense_i.kernel` (in, 4h) without bias and `dense_h.kernel` (h, 4h) with
+# `dense_h.bias` (4h): the one canonical bias lives on the hidden side in Flax (only the sum of torch's two enters
+# the formula). GRU: the cell (models.GRUCell) holds `dense_i.kernel`/`dense_i.bias` (input side, b_ir b_iz b_in) and
+# `dense_h.kernel`/`dense_h.bias` (hidden side, b_hr b_hz b_hn); stock nnx.GRUCell has no `dense_h.bias`.
 RENAMED = {
     "lstm.kernel": "lstm.cell.dense_i.kernel",
     "lstm.recurrent_kernel": "lstm.cell.dense_h.kernel",
@@ -55,10 +42,13 @@ RENAMED = {
     "gru.recurrent_kernel": "gru.cell.dense_h.kernel",
     "gru.recurrent_bias": "gru.cell.dense_h.bias",
 }
-# Canonical BatchNorm statistic suffix -> nnx.BatchNorm's variable name.
+# Canonical BatchNorm statistic suffix -> nnx.BatchNorm's variable name. Its momentum, epsilon and variance are set
+# in models.py, where the layers are made (Flax's momentum is the spec's; use_fast_variance=False).
 BATCHNORM_STATISTICS = {"running_mean": "mean", "running_var": "var"}
 
-# Gate blocks along the last axis of every tensor of the recurrent layer, canonical and Flax's.
+# Gate blocks along the last axis of every tensor of the recurrent layer, canonical and Flax's. Flax's order equals
+# the canonical one for both cells, so the blocks are reordered by the identity permutation; it is written out so that
+# a wrong order is one constant away and the package's tests can plant it.
 CANONICAL_GATES = {"lstm": ("i", "f", "g", "o"), "gru": ("r", "z", "n")}
 FLAX_GATES = {"lstm": ("i", "f", "g", "o"), "gru": ("r", "z", "n")}
 
@@ -72,6 +62,11 @@ def native_name(name: str) -> str:
 
 
 # text_transformer's attention tensors, canonical name -> Flax's shape as a function of (embed, heads, head_dim).
+# nnx.MultiHeadAttention keeps its projections per head (nnx.LinearGeneral): query/key/value kernel (embed, heads,
+# head_dim) and bias (heads, head_dim), out kernel (heads, head_dim, embed) and bias (embed,). Canonical head h is
+# columns h*head_dim:(h+1)*head_dim (rows of the out kernel), so each is a row-major reshape, no permutation.
+# nnx.Embed's `embedding` (vocabulary, embed) is canonical `embed.embedding` as it is (Flax has no padding row
+# option: row PAD_ID is whatever the canonical weights hold, zero at init).
 PER_HEAD = {
     **{f"block.attn.{p}.kernel": lambda e, h, d: (e, h, d) for p in ("query", "key", "value")},
     **{f"block.attn.{p}.bias": lambda e, h, d: (h, d) for p in ("query", "key", "value")},

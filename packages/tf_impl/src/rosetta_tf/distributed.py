@@ -1,20 +1,14 @@
-"""Data-parallel training on TensorFlow's own engine: tf.distribute.MultiWorkerMirroredStrategy over gRPC.
+"""Data-parallel training on TensorFlow's own engine: tf.distribute.MultiWorkerMirroredStrategy over gRPC, the
+same step as train.py with each worker on its rows of every batch.
 
-Each worker process is one replica (its CPU, or its first GPU); the strategy's collectives (a ring all-reduce
-over gRPC) sum across the workers. The train step is what Keras' fit runs in train.train (the same model,
-training twin, optimizer and loss), written as a custom loop because every worker feeds its own rows of each
-global batch (rosetta_common.distributed: worker r takes rows [r B/N, (r+1) B/N) and the same rows of the
-dropout mask):
+How the single-process step is kept (rosetta_common.distributed): each worker process is one replica (its CPU, or
+its first GPU), and the strategy's ring all-reduce sums across the workers, so no collective is written by hand. The
+step is what Keras' fit runs in train.train (the same model, training twin, optimizer and loss), written as a custom
+loop because every worker feeds its own rows of each global batch; under the strategy, Keras' loss scaling and the
+optimizer's gradient sum make it the single-process step on the global batch (the comment above replica_step says
+how). A peer that dies or hangs is a one-line DistributedError within the cluster's timeout.
 
-- the loss on a worker is the mean over its rows, which Keras' loss divides by the number of replicas when it
-  runs under a strategy (keras.src.losses.loss.scale_loss_for_distribution): the worker's share of the global
-  batch's mean loss;
-- the Keras optimizer, applied in the replica context, first sums the gradients of every worker with the
-  strategy's all-reduce (keras.src.backend.tensorflow.optimizer: _all_reduce_sum_gradients): the sum of the
-  shares' gradients is the gradient of the global batch's mean loss, so every replica takes the single-process
-  step on the same (mirrored) variables;
-- the step loss reported is the strategy's sum of the shares: the global batch's mean loss, the same on every
-  worker.
+The engines, starting workers by hand, and how the runs are judged: docs/data-parallel.md.
 """
 
 from __future__ import annotations
@@ -169,6 +163,14 @@ def train_data_parallel(config: ModelConfig, weights: Weights, plan: TrainPlan, 
     # distribute_datasets_from_function: its iterator costs about twice the step time and seconds to tear down.
     batches = iter(plan_batches(plan, data, masks, rows))
 
+    # Worker r takes rows [r B/N, (r+1) B/N) of each global batch and the same rows of the dropout mask. Its loss
+    # is the mean over its rows, which Keras' loss divides by the number of replicas when it runs under a strategy
+    # (keras.src.losses.loss.scale_loss_for_distribution): the worker's share of the global batch's mean loss. The
+    # Keras optimizer, applied in the replica context, first sums the gradients of every worker with the strategy's
+    # all-reduce (keras.src.backend.tensorflow.optimizer: _all_reduce_sum_gradients): the sum of the shares'
+    # gradients is the gradient of the global batch's mean loss, so every replica takes the single-process step on
+    # the same (mirrored) variables. The step loss reported is the strategy's sum of the shares: the global batch's
+    # mean loss, the same on every worker.
     def replica_step(inputs: Any, labels: Any) -> Any:
         with tf.GradientTape() as tape:
             loss = loss_fn(labels, trainer(inputs, training=True))  # this worker's mean / number of workers

@@ -1,15 +1,15 @@
-"""The seven architectures as Keras 3 functional models (see rosetta_common.reference for their meaning), and
-the contract's build(), predict(), model_config() and forward_train().
+"""The seven architectures as Keras 3 functional models, and the contract's build(), predict(), model_config() and
+forward_train().
 
-Every layer is named after its canonical parameter prefix ("hidden", "conv1", "block", ...; dots become
-underscores: "block.shortcut.conv" is the layer "block_shortcut_conv"), so weights.py maps names one to one.
-The attention block is written with keras.ops (not keras.layers.MultiHeadAttention, whose per-head kernels
-and all-or-nothing bias do not map one to one). resnet, lstm and gru are Keras' own layers (Conv2D,
-BatchNormalization, Dropout, LSTM, GRU); weights.py documents how their conventions map to the canonical ones.
-The text model (text_transformer) is the opposite exercise: Keras' own Embedding and MultiHeadAttention, every
-layer at the top level of one functional graph (its taps are those layers' outputs); see text_transformer below.
-Each model carries the validated ModelConfig it was built from (`model_config`): Keras' own model config
-knows layers, not the spec, so export.py stores it beside model.keras and puts it back on reload.
+Written with Keras' own layers where they map one to one (Conv2D, BatchNormalization, Dropout, LSTM, GRU, and the
+text model's Embedding and MultiHeadAttention); the image attention block with keras.ops, since Keras'
+MultiHeadAttention keeps per-head kernels and an all-or-nothing bias. Every layer is named after its canonical
+prefix (dots become underscores: "block.shortcut.conv" is the layer "block_shortcut_conv"), so weights.py maps
+names one to one. Where Keras does not follow the spec (BatchNormalization's reduction, GELU's approximation, the
+text model's masks), the spec's convention is set where the layer is made. Each model carries the ModelConfig it
+was built from (`model_config`), which export.py stores beside model.keras.
+
+What differs between the frameworks, and how each package reconciles it: docs/conventions.md.
 """
 
 from __future__ import annotations

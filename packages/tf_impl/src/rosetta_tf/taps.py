@@ -1,26 +1,14 @@
 """The contract's forward_with_taps: every tap of rosetta_common.taps, read from the model's own layers with
 Keras' own mechanism, a functional model over the layers' outputs, converted to the canonical layout.
 
-- `keras.Model(model.inputs, [layer outputs and inputs])` over the model's own graph nodes reads every tap that
-  is a layer's output or input: all of the ResNet's (its ReLUs are layers), the CNN's pool and post-ReLU convs,
-  the attention model's embedding, block, final norm and mean. Keras NHWC is the canonical layout already.
-- A Dense or Conv2D with a fused activation (activation="relu": the MLP's hidden layer, the CNN's convs) never
-  holds its pre-activation as a tensor; it is the same layer rebuilt from its own config without the
-  activation, given the layer's own weights, applied to the layer's own input (Keras' call, Keras' op).
-- The attention block is one custom layer (EncoderBlock) whose sublayers are called inside its `call`, so its
-  inner taps are no node of the functional graph: they are its own sublayers (norm1, attn.query/key/value,
-  attn, norm2, fc1, fc2) and models.gelu_exact applied in turn to the block's input, and the attention weights
-  SelfAttention.attention_weights of the split q and k, the method its call uses (a wrong scale shows there);
-  a mistake in EncoderBlock.call's or SelfAttention.call's own glue shows at `block` or `block.attn.out`.
-- The text model is Keras' own layers at the top level of its graph, so every tap is a layer's output (its
-  pooled features are the MaskedMean layer's), except the attention weights, which Keras' MultiHeadAttention
-  returns only when asked: its own layer, called on its own inputs (the block_norm1 and attention_mask outputs)
-  with return_attention_scores=True. (Asked, it takes its einsum path instead of the fused dot_product_attention
-  predict runs: the same weights to float32 rounding; a wrong mask shows in both, and in block.attn.out.)
-- Keras' LSTM and GRU return the last step only (return_sequences=False, kept: the exports are unchanged), so
-  the per-step states come from stepping the layer's own cell (layer.cell) over the rows.
-Nothing in the model changes: the reading model shares the layers and variables, and model.keras, the
-SavedModel and model.onnx are what they were.
+A tap points at the layer where a porting mistake enters only if it is what the model itself computes: so every
+tap is read from the model's own graph (a keras.Model over its layers' outputs and inputs), and what that graph
+does not hold (a fused activation's pre-activation, the attention block's inner values, the attention layer's
+weights, the recurrent states per step) comes from the model's own layers and weights, called by Keras. Nothing in
+the model changes: the reading model shares the layers and variables, so model.keras, the SavedModel and
+model.onnx are what they were. Where each tap is found: SOURCES.
+
+How the taps are compared, and what a failing check does with them: docs/judge.md ("Per-layer taps").
 """
 
 from __future__ import annotations
@@ -40,6 +28,11 @@ from rosetta_tf.models import model_config
 # Tap -> where the Keras model holds it: (layer name, "output" | "input"); "pre": the layer's output without its
 # fused activation; "block": inside the attention block (the block's sublayers, applied to its input);
 # "stepped": the recurrent layer's cell, stepped; "scores": the attention layer's weights, asked of it (_scores).
+# A keras.Model(model.inputs, [layer outputs and inputs]) over the model's own graph nodes reads every tap that is a
+# layer's output or input: all of the ResNet's (its ReLUs are layers), the CNN's pool and post-ReLU convs, the
+# attention model's embedding, block, final norm and mean, and every tap of the text model (Keras' own layers at the
+# top level of its graph; its pooled features are the MaskedMean layer's) but its attention weights. Keras' NHWC is
+# the canonical layout already.
 # The inputs of the text model's attention layer, read for "scores".
 _ATTENTION_INPUTS = (("block_norm1", "output"), ("attention_mask", "output"))
 _RESNET = ["stem.conv", "stem.bn", "stem.relu", "block.shortcut.conv", "block.shortcut.bn", "block.conv1",
@@ -72,7 +65,10 @@ SOURCES: dict[str, dict[str, tuple[str, str]]] = {
 
 
 def _without_activation(layer: layers.Layer) -> layers.Layer:
-    """The same layer, same weights, with no activation: the pre-activation of a fused Dense / Conv2D."""
+    """The same layer, same weights, with no activation: the pre-activation of a fused Dense / Conv2D. A layer
+    with a fused activation (activation="relu": the MLP's hidden layer, the CNN's convs) never holds its
+    pre-activation as a tensor; this twin, rebuilt from the layer's own config and applied to the layer's own
+    input, computes it with Keras' call and Keras' op."""
     twin = type(layer).from_config({**layer.get_config(), "activation": None})
     twin.build(layer.input.shape)
     twin.set_weights(layer.get_weights())
@@ -80,7 +76,11 @@ def _without_activation(layer: layers.Layer) -> layers.Layer:
 
 
 def _inside_block(block: layers.Layer, x: Any) -> dict[str, Any]:
-    """The attention block's inner taps: its own sublayers applied in EncoderBlock.call's order."""
+    """The attention block's inner taps: its own sublayers applied in EncoderBlock.call's order. The block is one
+    custom layer whose sublayers are called inside its `call`, so its inner taps are no node of the functional
+    graph; the attention weights are SelfAttention.attention_weights of the split q and k, the method its call uses
+    (a wrong scale shows there). A mistake in EncoderBlock.call's or SelfAttention.call's own glue shows at `block`
+    or `block.attn.out`."""
     attn = block.attn
     t: dict[str, Any] = {"block.norm1": block.norm1(x)}
     for p in ("query", "key", "value"):
@@ -95,14 +95,19 @@ def _inside_block(block: layers.Layer, x: Any) -> dict[str, Any]:
 
 
 def _scores(layer: layers.MultiHeadAttention, read: dict[tuple[str, str], Any]) -> Any:
-    """The attention weights (B, heads, T, T) of Keras' MultiHeadAttention on the inputs the model gave it."""
+    """The attention weights (B, heads, T, T) of Keras' MultiHeadAttention on the inputs the model gave it (the
+    block_norm1 and attention_mask outputs): the layer returns them only when asked (return_attention_scores=True).
+    Asked, it takes its einsum path instead of the fused dot_product_attention predict runs: the same weights to
+    float32 rounding; a wrong mask shows in both, and in block.attn.out."""
     n, mask = (read[node] for node in _ATTENTION_INPUTS)
     _, weights = layer(n, n, attention_mask=mask, return_attention_scores=True, training=False)
     return weights
 
 
 def _stepped(layer: layers.Layer, x: Any) -> dict[str, Any]:
-    """The recurrent layer's hidden (and LSTM cell) state after every step, (B, T, hidden), from its own cell."""
+    """The recurrent layer's hidden (and LSTM cell) state after every step, (B, T, hidden), from its own cell
+    (layer.cell) stepped over the rows: Keras' LSTM and GRU return the last step only (return_sequences=False, kept
+    so that the exports are unchanged)."""
     zeros = tf.zeros((x.shape[0], layer.units), x.dtype)
     states = [zeros, zeros] if isinstance(layer, layers.LSTM) else [zeros]
     hidden, cells = [], []

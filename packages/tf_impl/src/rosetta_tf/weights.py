@@ -1,28 +1,14 @@
-"""Canonical <-> Keras weights, in one place: the contract's from_canonical() and to_canonical().
+"""Canonical weights (rosetta-canonical-v1, see rosetta_common.weights) <-> Keras variables, in one place: the
+contract's from_canonical() and to_canonical().
 
-Keras already keeps most canonical layouts (dense kernels (in, out), conv kernels HWIO, NHWC flatten), so
-most of the mapping is by name only: values are copied unchanged. LayerNorm's `scale`/`bias` are Keras'
-`gamma`/`beta`. The conventions of the newer models, each reconciled here or in models.py:
-- BatchNorm: `scale`, `bias`, `running_mean`, `running_var` are Keras' `gamma`, `beta`, `moving_mean`,
-  `moving_variance`. Keras' `momentum` means what the spec's does (weight of the old running value: running =
-  m * running + (1 - m) * batch), so models.batchnorm passes it unchanged (torch's would be 1 - m). Keras
-  averages the biased batch variance (tf.nn.moments), the spec's convention: no correction (torch needs one).
-  Keras' default epsilon is 1e-3: the spec's (1e-5 by default) is always passed.
-- Padding: Keras' Conv2D(padding="same") is TensorFlow's "same", the canonical one (for stride 2, the odd
-  extra row/column at the bottom/right), so kernels map unchanged; nothing pads by hand (models.conv).
-- Dropout: no weights; the Dropout layer's seed-generator state is a Keras variable but no weight.
-- LSTM: Keras' `kernel` (in, 4h), `recurrent_kernel` (h, 4h) and single `bias` (4h) have the canonical gate
-  order i, f, c(=g), o and the canonical single bias (torch's two biases are summed in canonical form): the
-  identity (LSTM_GATES), stated so that a permutation cannot creep in unnoticed.
-- GRU: Keras' gate blocks are z, r, h, the canonical ones r, z, n: kernel, recurrent kernel and both biases
-  are permuted (GRU_GATES). With reset_after=True (torch's formula) Keras keeps the two biases in one (2, 3h)
-  variable: row 0 is the input bias, row 1 the recurrent bias, the one inside r * (h U + b) (GRU_BIAS_ROWS).
-- text_transformer: Keras' Embedding keeps `embeddings` (vocab, embed), the canonical `embed.embedding` (row
-  PAD_ID included: Keras has no padding row, the canonical zero is loaded like any value). MultiHeadAttention
-  keeps per-head kernels: query/key/value `kernel` (embed, heads, head_dim) and `bias` (heads, head_dim), the
-  output projection `kernel` (heads, head_dim, embed) and `bias` (embed,). Canonical head h owns the columns (rows,
-  for the output kernel) h*head_dim:(h+1)*head_dim, which is exactly a row-major reshape (HEAD_SPLIT), so the
-  values map unchanged, reshaped.
+Keras already keeps most canonical layouts (dense kernels (in, out), conv kernels HWIO, NHWC flatten), so most of
+the mapping is by name only, values copied unchanged; what differs is a few names (LayerNorm's, BatchNorm's), the
+GRU's gate order and its two biases in one variable, and the text model's per-head attention kernels. Every such
+change is made and undone in this module, exactly, so that models.py can name its layers after the canonical names
+and everything outside the package sees canonical weights only. The model's ModelConfig, which models.build attaches
+(`CONFIG_ATTR`), says which mapping applies.
+
+What each framework keeps differently, and how its package maps it: docs/conventions.md.
 """
 
 from __future__ import annotations
@@ -39,14 +25,33 @@ from rosetta_common.weights import Weights, canonical_shapes, check_weights
 CONFIG_ATTR = "rosetta_config"  # where models.build records the model's ModelConfig
 
 # Keras gate block j holds canonical gate block GATES[j] (canonical LSTM i, f, g, o; GRU r, z, n).
+# LSTM: Keras' `kernel` (in, 4h), `recurrent_kernel` (h, 4h) and single `bias` (4h) have the canonical gate order and
+# the canonical single bias (torch's two biases are summed in canonical form): the identity, stated so that a
+# permutation cannot creep in unnoticed.
 LSTM_GATES = (0, 1, 2, 3)  # Keras i, f, c, o: the same order
+# GRU: Keras' gate blocks are z, r, h, so kernel, recurrent kernel and both biases are permuted. With
+# reset_after=True (torch's formula) Keras keeps the two biases in one (2, 3h) variable: row 0 is the input bias,
+# row 1 the recurrent bias, the one inside r * (h U + b).
 GRU_GATES = (1, 0, 2)  # Keras z, r, h = canonical z, r, n
 GRU_BIAS_ROWS = {"input_bias": 0, "recurrent_bias": 1}  # rows of Keras' (2, 3h) GRU bias (reset_after=True)
+# BatchNorm's statistics are state, mapped by name as its scale and bias are. The rest is set in models.py, where the
+# layers are made: Keras' `momentum` means what the spec's does (the old running value's weight: running =
+# m * running + (1 - m) * batch), so models.batchnorm passes it unchanged (torch's would be 1 - m); Keras averages
+# the biased batch variance (tf.nn.moments), the spec's convention, so nothing is corrected (torch needs it); Keras'
+# default epsilon is 1e-3, so the spec's (1e-5 by default) is always passed. Padding: Keras' Conv2D(padding="same")
+# is TensorFlow's, the canonical one (for stride 2 the odd extra row/column at the bottom/right), so kernels map
+# unchanged and nothing pads by hand (models.conv). Dropout: no weights (its seed-generator state is a Keras
+# variable but no weight).
 BATCHNORM = {"scale": "gamma", "bias": "beta", "running_mean": "moving_mean", "running_var": "moving_variance"}
 LAYERNORM = {"scale": "gamma", "bias": "beta"}
 # Canonical projection -> MultiHeadAttention's EinsumDense sublayer.
 ATTENTION_PROJECTIONS = {"query": "query_dense", "key": "key_dense", "value": "value_dense", "out": "output_dense"}
-# How a canonical (in, out) projection splits into Keras' heads: "C", a row-major reshape, puts canonical column
+# text_transformer: Keras' Embedding keeps `embeddings` (vocab, embed), the canonical `embed.embedding` (row PAD_ID
+# included: Keras has no padding row, the canonical zero is loaded like any value). MultiHeadAttention keeps
+# per-head kernels: query/key/value `kernel` (embed, heads, head_dim) and `bias` (heads, head_dim), the output
+# projection `kernel` (heads, head_dim, embed) and `bias` (embed,). Canonical head h owns the columns (rows, for the
+# output kernel) h*head_dim:(h+1)*head_dim, so the values map unchanged, reshaped:
+# how a canonical (in, out) projection splits into Keras' heads: "C", a row-major reshape, puts canonical column
 # h*head_dim + j at [h, j] (head-major: head h owns a contiguous block of columns, the canonical convention).
 HEAD_SPLIT = "C"
 

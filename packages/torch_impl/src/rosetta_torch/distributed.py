@@ -7,8 +7,9 @@ forward and the mean cross-entropy on its rows [r B/N, (r+1) B/N) of each global
 DDP's reducer all-reduces each bucket of gradients and divides by the world size, which is the gradient of the
 global batch's mean loss (equal shards); then each worker steps the same torch.optim optimizer
 (train.make_optimizer) on the same gradient, so the replicas stay bitwise alike without another collective.
-The LSTM's frozen bias_hh_l0 (requires_grad False) is not registered with DDP's reducer at all, so no
-find_unused_parameters is needed.
+The LSTM's frozen bias_hh_l0 (requires_grad False) is not registered with DDP's reducer at all.
+
+The engines, starting workers by hand, and how the runs are judged: docs/data-parallel.md.
 """
 
 from __future__ import annotations

@@ -1,30 +1,15 @@
-"""The seven architectures as plain `nn.Module`s, written the way the PyTorch docs write them, with torch's own
-layers (nn.Conv2d, nn.BatchNorm2d, nn.Dropout, nn.LSTM, nn.GRU, nn.Embedding, nn.MultiheadAttention): no
-hand-rolled math.
+"""The seven architectures as plain `nn.Module`s, and the contract's build(), predict(), model_config() and
+forward_train().
 
-Attribute names mirror the canonical weight names (`block.attn.query`, `block.bn1`, `lstm`, `head`, ...), so
-the state dict's keys are the canonical names with `kernel`/`scale` read as `weight` (the recurrent layers'
-names are torch's own, `weight_ih_l0` ...); `weights.py` holds the layout conversion (transposes, the CNN
-head's row permutation, the gate blocks and the LSTM's bias split) in one place.
+Written the way the PyTorch docs write models, with torch's own layers (nn.Conv2d, nn.BatchNorm2d, nn.Dropout,
+nn.LSTM, nn.GRU, nn.Embedding, nn.MultiheadAttention) and no hand-rolled math, so that what Rosetta compares is
+torch as people use it. Attribute names mirror the canonical weight names (`block.attn.query`, `block.bn1`, `lstm`,
+`head`, ...), so weights.py maps the state dict by name and holds every layout change in one place. Where torch's
+layers do not follow the spec (BatchNorm's momentum and running variance, "same" padding at stride 2, dropout's
+generator, the attention mask's polarity, the padding row), the spec's convention is set where the layer is made,
+and the code that sets it says how (torch_momentum, BatchNorm2d, same_pad, ResNet.forward, attention_mask).
 
-The conventions torch does not share with the spec are reconciled here, where the layers are made:
-- BatchNorm momentum: the spec's `batchnorm_momentum` is the weight of the old running average (Keras',
-  Flax's meaning); torch's `momentum` is the weight of the new batch, so it gets 1 - the spec's value
-  (`torch_momentum`);
-- BatchNorm running variance: torch averages the unbiased batch variance (n / (n - 1) times the biased one
-  that normalizes the batch); the spec averages the biased one. `BatchNorm2d` (torch's, subclassed) corrects
-  the running variance after every training-mode forward, so the training loop and `forward_train` both
-  follow the spec with no extra step (`corrected_running_var`);
-- "same" padding with stride 2: TensorFlow's, the extra row/column at the bottom/right
-  (rosetta_common.reference.same_padding); torch's `padding=1` pads both sides and torch refuses
-  padding="same" for strides above 1, so every ResNet conv is preceded by an explicit nn.ZeroPad2d;
-- dropout: the model keeps nn.Dropout (identity in eval mode); a training step multiplies by the shared mask
-  instead (ResNet.forward says why);
-- the text model's padding (TextTransformer): nn.MultiheadAttention's key_padding_mask means True = IGNORE, the
-  negation of the spec's (and Keras', Flax's) "attend" mask (`attention_mask` negates it); nn.Embedding's padding_idx
-  row gets no gradient (so training never moves it: the other frameworks' gradient for it is zero anyway, as
-  padding reaches no output); the pool is the mean over real tokens (`masked_mean`); nn.MultiheadAttention's
-  inference fast path is off in predict, so that predict runs the ops the exports hold (`exported_attention`).
+What differs between the frameworks, and how each package reconciles it: docs/conventions.md.
 """
 
 from __future__ import annotations
@@ -182,6 +167,8 @@ class BatchNorm2d(nn.BatchNorm2d):
         return out
 
 
+# torch's `padding=1` pads both sides, and torch refuses padding="same" for strides above 1: every ResNet conv is
+# preceded by an explicit nn.ZeroPad2d with TensorFlow's padding, the spec's (the extra row/column at the bottom/right).
 def same_pad(size: tuple[int, int], kernel: int, stride: int) -> nn.ZeroPad2d:
     """TensorFlow's "same" padding for an input of `size` (height, width), as nn.ZeroPad2d's
     (left, right, top, bottom)."""

@@ -1,18 +1,14 @@
 """The contract's forward_with_taps: every tap of rosetta_common.taps, read from the model's own forward with
 torch's own mechanisms, converted to the canonical layout (NCHW -> NHWC, the heads split).
 
-- Forward hooks (`register_forward_hook`) give a module's output, forward pre-hooks
-  (`register_forward_pre_hook`) its input: a ReLU or a pooling written as F.relu / F.max_pool2d is not a module,
-  but its output is the next module's input (the CNN's pool is conv2's input, the GELU fc2's input).
-- A TorchFunctionMode (torch.overrides) sees every torch function the forward calls, so the two values that are
-  no module's input or output are read too: the CNN's first ReLU (it feeds F.max_pool2d) and the attention
-  weights (the softmax inside SelfAttention.forward). Nothing in the models changes: hooks and the mode exist
-  only during this call, so state_dict, model.pt2 and model.onnx are what they were.
-- The text model's nn.MultiheadAttention returns its per-head weights when asked (need_weights=True,
-  average_attn_weights=False): a forward pre-hook with kwargs asks for them in this call only.
-- The one tap torch's forward does not hold is the LSTM's cell state per step: nn.LSTM's fused kernel returns
-  only the last one. It comes from stepping the same nn.LSTM one time step at a time from the previous step's
-  (h, c): the model's own module and weights, not the forward's tensors.
+A tap points at the layer where a porting mistake enters only if it is what the model itself computes: so every
+tap is read from one inference-mode forward as it runs (forward hooks and pre-hooks on its modules, a
+TorchFunctionMode for the torch functions it calls), and the one value that forward does not hold, the LSTM's cell
+state per step, comes from the model's own nn.LSTM stepped over the rows. Nothing in the model changes: hooks and
+the mode exist only during this call, so state_dict, model.pt2 and model.onnx are what they were. Where each tap is
+found: SOURCES.
+
+How the taps are compared, and what a failing check does with them: docs/judge.md ("Per-layer taps").
 """
 
 from __future__ import annotations
@@ -32,6 +28,11 @@ from rosetta_torch.models import model_input
 # Tap -> where torch's forward holds it: (module path, "output" | "input" | the name of a torch function called in
 # that module's own forward, first call); rosetta_common.taps.MODULE_SOURCES with torch's own entries. "" is the
 # model; torch pads with a module of its own (nn.ZeroPad2d), so block.conv2's input is padded: relu1 is pad2's.
+# Forward hooks give a module's output, forward pre-hooks its input: a ReLU or a pooling written as F.relu /
+# F.max_pool2d is not a module, but its output is the next module's input (the CNN's pool is conv2's input, the GELU
+# fc2's input). The two values that are no module's input or output are read by a TorchFunctionMode, which sees every
+# torch function the forward calls: the CNN's first ReLU (it feeds F.max_pool2d) and the attention weights (the
+# softmax inside SelfAttention.forward).
 # The text model's attention is torch's nn.MultiheadAttention, module `block.attn`: its output is (attended,
 # weights), the weights only when asked for (need_weights, per head: average_attn_weights=False), which a forward
 # pre-hook does for this call alone (ATTENTION_WEIGHTS).
@@ -78,7 +79,9 @@ def _canonical(config: ModelConfig, tap: Tap, value: torch.Tensor) -> np.ndarray
 
 
 def _stepped_cells(lstm: nn.LSTM, x: torch.Tensor) -> torch.Tensor:
-    """The cell state after every step, (B, T, hidden), from nn.LSTM run one step at a time."""
+    """The cell state after every step, (B, T, hidden), from nn.LSTM run one step at a time from the previous step's
+    (h, c): nn.LSTM's fused kernel returns only the last cell state, so this is the model's own module and weights,
+    not the forward's tensors."""
     h = c = torch.zeros(1, x.shape[0], lstm.hidden_size, device=x.device)
     cells = []
     for t in range(x.shape[1]):

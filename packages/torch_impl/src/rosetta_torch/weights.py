@@ -1,38 +1,13 @@
-"""Canonical weights (rosetta-canonical-v1, see rosetta_common.weights) <-> torch state dicts, in one place.
+"""Canonical weights (rosetta-canonical-v1, see rosetta_common.weights) <-> torch state dicts, in one place: the
+contract's from_canonical() and to_canonical().
 
-Names: the modules in models.py are named after the canonical names, so a canonical `x.kernel` or
-`x.scale` is torch's `x.weight`, and `x.bias`, `x.running_mean`, `x.running_var` and `pos_embedding` keep
-their names; the recurrent layers' tensors have torch's own names (`_RECURRENT_NAMES`).
-Layouts:
-- dense kernel (in, out) -> Linear.weight (out, in): a transpose;
-- conv kernel HWIO -> Conv2d.weight OIHW: kernel.transpose(3, 2, 0, 1);
-- the CNN head: canonical rows follow the (height, width, channel) flatten; torch flattens NCHW as
-  (channel, height, width), so the rows are permuted here, and only here, before the transpose.
-Conventions reconciled (what torch does differently from the spec, and where it is mapped):
-- BatchNorm: scale/bias are BatchNorm2d's weight/bias; running_mean/running_var map one to one (the
-  statistics are canonical state, float32 both ways). torch's extra `num_batches_tracked` buffer is not
-  canonical: to_canonical drops it and from_canonical fills it from the module's own counter, so strict
-  loading still works (with `momentum` set, torch never reads it). The momentum (torch's is the new batch's
-  weight: 1 - the spec's), epsilon (the spec's, passed to BatchNorm2d; torch's default is only a default) and
-  the running variance (torch averages the unbiased batch variance, the spec the biased one: corrected after
-  every training-mode forward) are set in models.py, where the layers are made;
-- "same" padding: TensorFlow's (extra row/column at the bottom/right for stride 2), explicit nn.ZeroPad2d in
-  models.py (torch's padding=1 pads both sides; torch refuses padding="same" for stride 2);
-- LSTM: kernel (in, 4h) / recurrent_kernel (h, 4h) -> weight_ih_l0 (4h, in) / weight_hh_l0 (4h, h):
-  transposes; gate blocks i, f, g, o in both (`GATE_ORDER` is the identity, kept explicit so a test can plant
-  a wrong one). One canonical bias = torch's bias_ih + bias_hh: it goes to bias_ih_l0, bias_hh_l0 = 0 (frozen
-  in models.py, so training moves one bias as Keras and Flax do); to_canonical returns the sum;
-- GRU: kernel (in, 3h) / recurrent_kernel (h, 3h) -> weight_ih_l0 / weight_hh_l0, transposed; gates r, z, n
-  in both (Keras keeps z, r, h: its package permutes); input_bias -> bias_ih_l0, recurrent_bias ->
-  bias_hh_l0, torch's formula being the spec's (b_hn inside r * (...));
-- text_transformer: `embed.embedding` (V, e) is nn.Embedding's weight as it is (no transpose; its padding_idx
-  row 0 is loaded like any row: zero in the canonical init, and torch never gives it a gradient);
-  nn.MultiheadAttention fuses the three input projections: in_proj_weight (3e, e) holds the query, key and value
-  kernels transposed, stacked in that order (`IN_PROJ_ORDER`: row block j is canonical IN_PROJ_ORDER[j]), and
-  in_proj_bias (3e,) their biases; `block.attn.out` is its out_proj (a Linear). The image attention model keeps
-  its three separate Linears (`block.attn.query.weight` ...).
-Every model carries its rosetta_common.spec.ModelConfig as `model.config` (models.create sets it):
-the image shape and sizes these mappings need come from there, never from the weights.
+torch keeps several canonical tensors in other layouts: Linear and Conv2d weights transposed (out first), the CNN
+head's rows in the order of its NCHW flatten, the LSTM's one bias as two, the text model's query, key and value
+fused into one in_proj. Every such change is made and undone in this module, exactly, so that models.py can name its
+modules after the canonical names and everything outside the package sees canonical weights only. The shapes these
+mappings need come from the model's own ModelConfig (`model.config`, set by models.create), never from the weights.
+
+What each framework keeps differently, and how its package maps it: docs/conventions.md.
 """
 
 from __future__ import annotations
@@ -46,8 +21,12 @@ from torch import nn
 from rosetta_common.spec import ModelConfig
 from rosetta_common.weights import Weights, canonical_shapes, check_weights
 
-# Canonical suffix -> torch suffix; every other name is the same in both, but for the recurrent layers'.
+# Canonical suffix -> torch suffix; every other name (`x.bias`, `x.running_mean`, `x.running_var`, `pos_embedding`)
+# is the same in both, but for the recurrent layers' and the text model's attention (below).
 _SUFFIXES = {".kernel": ".weight", ".scale": ".weight"}
+# The recurrent layers' tensors have torch's own names. LSTM: the canonical (in, 4h) / (h, 4h) kernels are
+# weight_ih_l0 (4h, in) / weight_hh_l0 (4h, h), transposed; GRU: (in, 3h) / (h, 3h) likewise, input_bias is bias_ih_l0
+# and recurrent_bias bias_hh_l0, torch's formula being the spec's (b_hn inside r * (...)).
 _RECURRENT_NAMES = {
     "lstm.kernel": "lstm.weight_ih_l0",
     "lstm.recurrent_kernel": "lstm.weight_hh_l0",
@@ -58,10 +37,19 @@ _RECURRENT_NAMES = {
     "gru.recurrent_bias": "gru.bias_hh_l0",
 }
 LSTM_HIDDEN_BIAS = "lstm.bias_hh_l0"
+# BatchNorm: scale/bias are BatchNorm2d's weight/bias; running_mean/running_var map one to one (the statistics are
+# canonical state, float32 both ways). torch's extra `num_batches_tracked` counter is not canonical: to_canonical
+# drops it and from_canonical fills it from the module's own, so that strict loading still works (with `momentum` set,
+# torch never reads it). BatchNorm's momentum, epsilon and running variance are set in models.py, where the layers
+# are made.
 TRACKED = ".num_batches_tracked"  # torch's BatchNorm step counter: not canonical
 
-# text_transformer: nn.MultiheadAttention's in_proj row block j holds canonical projection IN_PROJ_ORDER[j] (torch's
-# order is q, k, v); written out, as GATE_ORDER, so a test can plant a wrong one.
+# text_transformer: nn.MultiheadAttention fuses the three input projections: in_proj_weight (3e, e) holds the query,
+# key and value kernels transposed, stacked, and in_proj_bias (3e,) their biases end to end; row block j holds
+# canonical projection IN_PROJ_ORDER[j] (torch's order is q, k, v); written out, as GATE_ORDER, so a test can plant a
+# wrong one. `block.attn.out` is its out_proj (a Linear); `embed.embedding` (V, e) is nn.Embedding's weight as it is
+# (no transpose; its padding_idx row 0 is loaded like any row: zero in the canonical init, and torch never gives it a
+# gradient). The image attention model keeps its three separate Linears (`block.attn.query.weight` ...).
 IN_PROJ_ORDER: tuple[str, ...] = ("query", "key", "value")
 _TEXT_NAMES = {"embed.embedding": "embed.weight", "block.attn.out.kernel": "block.attn.out_proj.weight",
                "block.attn.out.bias": "block.attn.out_proj.bias"}
@@ -111,6 +99,9 @@ def _recurrent(config: ModelConfig, name: str) -> bool:
     return config.arch in GATE_ORDER and name.startswith(f"{config.arch}.")
 
 
+# Layouts: dense kernel (in, out) -> Linear.weight (out, in), a transpose; conv kernel HWIO -> Conv2d.weight OIHW,
+# kernel.transpose(3, 2, 0, 1); the CNN head's canonical rows follow the (height, width, channel) flatten and torch
+# flattens NCHW as (channel, height, width), so they are permuted here, and only here, before the transpose.
 def to_torch_layout(config: ModelConfig, name: str, value: np.ndarray) -> np.ndarray:
     """One canonical array in torch's layout (the tensor torch_name(name) holds)."""
     if config.arch == "cnn" and name == "head.kernel":
