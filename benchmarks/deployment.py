@@ -1,31 +1,16 @@
 """Deployment comparison of a finished run's export formats: size, cold start, latency, and what each one needs.
 
-    .venv/bin/python -m benchmarks.deployment [--artifacts artifacts] [--models cnn ...] [--repeats 5]
-        [--calls 50] [--formats torch_export keras saved_model jax_export onnx] [--out measurements/deployment.json]
+    .venv/bin/python -m benchmarks.deployment                           # the cnn, 5 repeats
+    .venv/bin/python -m benchmarks.deployment --models mlp cnn lstm --repeats 3 --calls 100 --threads 1
 
-A benchmark, not a test: its numbers are reported, never asserted. Run with the orchestrator's Python from the
-repository root (`-m`: it imports pipelines' runner and the formats' facts). For each
-model and format (pipelines/deployment_formats.FORMATS: torch's model.pt2, TF's model.keras and SavedModel, JAX's
-jax.export artifact, and every framework's model.onnx under ONNX Runtime) it measures:
-
-- size: the file's bytes, or the folder's (every regular file once, symlinks not followed: `du -sb`);
-- cold start: a fresh process of the format's environment (the runner's variables: thread and instruction-set pins)
-  that imports what the format needs and nothing else, loads the file and answers one request at batch 1
-  (benchmarks/deployment_worker.py), timed from the spawn on one clock (CLOCK_MONOTONIC): interpreter start-up,
-  imports, load, first request, each its own figure, and their sum;
-- latency: the first request at batch 64 (JAX and TF trace per shape), then the median and p90 of --calls calls at
-  batch 1 and at batch 64;
-- the environment: its size on disk (.envs/<env>-<variant>, every file once) and the runtime's own wheels (their
-  RECORD sizes: torch; tensorflow and keras; jax and jaxlib; onnxruntime), the peak resident memory of the process,
-  and the modules it found loaded (whether the model's own Python code was needed).
-
-Every figure is the median over --repeats fresh processes; each repeat runs every (model, format) once, one after
-the other, in an order rotated every repeat, so the machine's load falls on all alike (side by side in one run).
-The OS file cache is warm after the first repeat: "cold" is a new process, not a cold disk.
-
-Writes measurements/deployment.json (measurements/ is git- and DVC-ignored: timings are not lineage); its "rows"
-and "environments" are what the report page shows (pipelines/measurements.py carries them into timings.js as
-window.ROSETTA_DEPLOYMENT; the documented facts come from pipelines/deployment_formats.py at build time).
+Which file to deploy depends on what serving it costs, so each format (pipelines/deployment_formats.FORMATS) is
+measured as a deployment meets it: a fresh process of the format's own environment (benchmarks/deployment_worker.py)
+imports what the format needs and nothing else, loads the file and answers, timed from the spawn; then its steady
+latency at batch 1 and 64, its peak memory, and the environment's size on disk. Every figure is a median over
+fresh processes, every case once per repeat in a rotated order, so the machine's load falls on all alike. A
+benchmark, not a test: reported, never asserted. Run with the orchestrator's Python from the repository root (`-m`:
+it imports pipelines); it writes measurements/deployment.json and regenerates measurements/timings.js for the
+report's Deployment section. The method in full and the latest figures: benchmarks/README.md.
 """
 
 from __future__ import annotations

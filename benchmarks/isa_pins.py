@@ -2,27 +2,15 @@
 
     .venv/bin/python benchmarks/isa_pins.py [--models mlp cnn lstm] [--frameworks torch tf jax] [--repeats 2]
 
-A measurement, not a test: its figures are reported, never asserted. oneDNN (torch's convolutions, TF's
-convolutions and matmuls: TF's Eigen contractions call oneDNN's sgemm), MKL (torch's BLAS), XLA (the code JAX
-compiles, and the oneDNN calls it makes), OpenBLAS (numpy: the validator's float64 reference forward) and ONNX
-Runtime's MLAS each choose kernels by the CPU they run on, so the same code and data give other last bits on
-another CPU. Each has a switch that caps its choice (ONNX Runtime has none):
-
-    runtime    environment variable                     Rosetta: at the floor        capped below it
-    oneDNN     ONEDNN_MAX_CPU_ISA                       AVX2                         AVX
-    MKL        MKL_CBWR (its reproducibility branch)    AVX2,STRICT                  COMPATIBLE,STRICT
-    XLA        XLA_FLAGS=--xla_cpu_max_isa              AVX2                         AVX
-    OpenBLAS   OPENBLAS_CORETYPE                        Haswell                      Sandybridge
-
-In a scratch copy of this checkout (the data and init stages run once), each framework's train_export stage runs
-under every variant: the host's own choice (no cap), every cap at AVX2 together (the pins), and each cap alone
-below the floor. It then names the files of artifacts/<framework>/ that differ from the host run's, and gives
-the steady training throughput of the pinned run over the host run's (side by side, alternating, --repeats
-times). The validate stage (numpy, ONNX Runtime) runs under the OpenBLAS variants on the host run's artifacts.
-
-A cap at the host's own level changes nothing by construction; a cap below it shows that the runtime reads the
-switch and that its bytes depend on the code path: which is what a pin at the floor fixes on a CPU above it
-(AVX-512). Writes measurements/isa_pins.json (measurements/ is git- and DVC-ignored: not lineage).
+The runner pins every runtime that picks its kernels by the CPU to the AVX2 floor (docs/lineage.md, "The same bytes
+across CPUs"); a pin is worth having only if the runtime reads it, and only at a small cost. So in a scratch copy of
+this checkout each framework's train_export stage runs with no cap (the host's own choice), with the pins, and with
+each cap alone below the floor (BELOW), and the validate stage under each OpenBLAS variant (OPENBLAS). It names the
+files that differ from the host run's and gives the pinned run's steady training throughput over the host run's,
+the two side by side, alternating. A cap at the host's own level changes nothing; one below it shows that the
+runtime reads its switch and that its bytes follow the code path, which is what a pin at the floor fixes on a CPU
+above it. A measurement, not a test: it writes measurements/isa_pins.json. Method and latest figures:
+benchmarks/README.md.
 """
 
 from __future__ import annotations

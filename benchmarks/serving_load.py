@@ -1,43 +1,17 @@
-"""Serving load: the four model servers under a closed-loop client on loopback, side by side in one run, against the
-same export called in process.
+"""Serving load: the four model servers under closed-loop load on loopback, beside the same export called in process.
 
-    .venv/bin/python benchmarks/serving_load.py                  # cnn, all four, V2 REST and gRPC: 11 min, 2 busy cores
+    .venv/bin/python benchmarks/serving_load.py                  # cnn, all four, V2 REST and gRPC
     .venv/bin/python benchmarks/serving_load.py --models mlp cnn --servers torch onnx --protocols v2-rest \
         --concurrency 1 4 --batches 1 --max-requests 200 --max-seconds 2
     .venv/bin/python benchmarks/serving_load.py --models mlp --concurrency 1 4 --batches 1 --max-requests 2500 \
         --max-seconds 600 --bad-every 10      # 10,000 requests per server, a tenth of them bad: resources flat?
 
-A benchmark, not a test: its numbers are reported, never asserted. On a finished run's artifacts (--artifacts,
-default artifacts/) it starts the servers once with pipelines.serving (free ports on 127.0.0.1; stopped at the end,
-however the run ends), then:
-
-- in process: each server's own model class loads the same export and its `forward` is timed on the same batches,
-  in that server's environment with the same variables (threads, instruction-set pins), while the servers sit idle
-  (benchmarks/serving_load_inprocess.py);
-- under load: a client in the validation environment (benchmarks/serving_load_client.py) runs every cell (protocol
-  x batch x concurrency C): C workers, each with its own keep-alive connection, each sending its next request as
-  soon as its previous answer came, for at most --max-requests requests and --max-seconds seconds per server and
-  cell (whichever first), split over --rounds rounds; within a round the servers take turns, in an order rotated
-  every round, so the machine's load falls on all of them alike. Warm-up requests are not counted. Every answer is
-  checked (status 200 / gRPC OK, one output "logits" of shape [n, classes]); a failed request is an error, counted
-  and shown.
-
-The batches are the first test image (batch 1) and the validation batch (the first 64 test images, train_export's
-and the serve stage's own). Reported per model, server, protocol, batch and C: requests/s and samples/s (good
-answers over the slices' wall time), p50 and p99 latency (ms, from sending a request to having read its whole
-answer), errors, the in-process p50 of the same batch, the overhead (served p50 / in-process p50, and their
-difference in ms), and the CPU the server and the client used (cores: CPU seconds over wall seconds). Client and
-servers share this machine's cores: at C=16 on 2 cores the client's own CPU is part of what is measured, which is
-why it is reported.
-
-While the client runs, each server's threads, open descriptors and memory are sampled (pipelines/resources.py), and
-each server gets a verdict: flat, or what the last round added over the first (the client runs the rounds one after
-the other, so each half of the burst asks the same of every server). `--bad-every N` makes every Nth request of a
-client worker a bad one, which must be refused with the protocol's error: a burst of good and bad requests alike.
-
-Writes measurements/serving_load.json (measurements/ is git- and DVC-ignored: timings are not lineage; its form is
-pipelines.measurements.SERVING_LOAD's), prints the table, and regenerates measurements/timings.js, so the report's
-Serving section shows the table.
+It shows what serving a prediction costs beyond the model's own call, and whether the servers hold up under a burst:
+on a finished run it starts the servers once, times each server's own model class in process, then drives them
+side by side, per protocol, batch and concurrency, with a closed-loop client that checks every answer, sampling each
+server's threads, descriptors and memory meanwhile. A benchmark, not a test: reported, never asserted (it exits 1
+if a request failed). It writes measurements/serving_load.json and regenerates measurements/timings.js for the
+report's Serving section. Method and latest figures: benchmarks/README.md, "serving_load.py".
 """
 
 from __future__ import annotations

@@ -3,21 +3,13 @@
     python -m pipelines.runner validation -- python -m benchmarks.serving_load_client JOB.json RESULT.json
 
 It runs in the validation environment, which has KServe's gRPC stubs (REST needs only the standard library).
-JOB.json (written by serving_load.py) names the servers (REST base, gRPC target, pid), the model, the batches
-(.npy), the protocols, concurrencies, bounds, rounds and how often a bad request goes out. Round after round, for
-every cell (protocol, batch, concurrency), each server in turn, in an order rotated every round and cell so that the
-machine's load falls on all of them alike, gets one slice: C workers, each with its own keep-alive connection (REST:
-http.client; gRPC: its own channel), send a few warm-up requests (not counted), wait for each other, then each sends
-its next request as soon as its previous answer came, until the slice's request count or its time is used up
-(whichever first; requests in flight then finish). Every answer is checked: status 200 (gRPC: OK), one output
-"logits" of shape [n, classes] holding n * classes values; anything else is an error, counted and kept (the first
-few messages), never dropped. With `bad_every` N, every Nth request of a worker is a batch one pixel too narrow,
-which must be refused with the protocol's error (HTTP 400, gRPC INVALID_ARGUMENT): counted as refused, any other
-answer as an error.
-
-Only raw figures go to RESULT.json: per slice the latencies of the good answers (ms, from sending the request to
-having read the whole answer), the errors, the slice's wall time, and the CPU seconds the client and the server
-spent in it (from /proc: both share this machine's cores). serving_load.py summarizes.
+JOB.json (written by serving_load.py) names the servers, the model, the batches, the protocols, concurrencies,
+bounds, rounds and how often a bad request goes out. Round after round, for every cell (protocol, batch,
+concurrency), each server in turn gets one slice: C workers, each on its own keep-alive connection, each sending its
+next request as soon as its previous answer came, until the slice's count or time is used up. Every answer is
+checked, and a failure counted and kept, never dropped. Only raw figures go to RESULT.json (per slice: the good
+answers' latencies, the errors, the wall time, the CPU seconds of the client and of the server); serving_load.py
+summarizes. The method in full: benchmarks/README.md, "serving_load.py".
 """
 
 from __future__ import annotations

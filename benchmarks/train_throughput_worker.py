@@ -1,28 +1,15 @@
 """The in-framework half of benchmarks/train_throughput.py: one process of one framework's environment times our
-train() and that framework's idiomatic loop (benchmarks/idiomatic/<framework>.py) side by side.
+train() and that framework's idiomatic loops (benchmarks/idiomatic/<framework>.py) side by side.
 
     python -m pipelines.runner torch -- python -m benchmarks.train_throughput_worker JOB.json RESULT.json
 
-JOB.json (written by train_throughput.py) names the framework, the cases (scale, model, epochs, training
-samples, the prepared data's folder), the repeats and the tricks to measure. For each case and repeat, each
-variant starts from a fresh `build(config, init)` (the same canonical init weights, the same data, batch size
-and optimizer settings) and trains for the case's epochs:
-
-- `ours`: the package's contract `train(model, plan, data)`, its epochs read from TrainResult.epoch_seconds;
-- `idiomatic`: benchmarks/idiomatic/<framework>.train on the same model;
-- each of that module's PEERS (a second idiomatic style: JAX's `idiomatic_linen`, flax.linen + TrainState), on the
-  models its MODELS names, trained from the same model's weights; the summary's yardstick is the fastest of them;
-- with tricks requested, one variant per entry of the loop's TRICKS and PARITY: the idiomatic loop with one
-  speed-up our train() does not use, or with one thing parity requires of it (an entry of the loop's ONLY_FOR,
-  e.g. the resnet's shared dropout masks, only for the models it names); a peer's as `<peer>:<name>`.
-
-The variants run one after the other within a repeat, in an order that is reversed every other repeat, so that
-the machine's load falls on both alike. Only raw epoch times go to RESULT.json; the parent summarizes.
-
-A case whose epochs are short gets more of them (the job's `min_steady_seconds`): one unrecorded run of ours
-first measures its epoch, then every variant of every repeat trains for enough epochs that the steady part
-lasts at least that long (at most MAX_EPOCHS). The digits mlp's epochs take about 6 ms: two of them are timer
-noise, forty are a figure.
+A ratio of two loops means something only if both meet the same conditions, so every run of every case (scale,
+model) starts from a fresh `build(config, init)`: the same canonical init weights, data, batch size and optimizer
+settings, after the package's own configure(), as in the pipeline. Per repeat it trains ours, the idiomatic loop,
+each peer style on the models it has and, with tricks requested (JOB.json, from train_throughput.py), each TRICKS
+and PARITY variant, in an order reversed every other repeat so that the machine's load falls on all alike. A case
+with short epochs gets more of them (up to MAX_EPOCHS). Only raw epoch times go to RESULT.json; the parent
+summarizes.
 """
 
 from __future__ import annotations
@@ -43,6 +30,9 @@ from rosetta_common.spec import ModelConfig, load_spec
 from rosetta_common.training import plan
 from rosetta_common.weights import init_weights
 
+# A case whose epochs are short gets more of them (the job's min_steady_seconds): one unrecorded run of ours first
+# measures its epoch, then every variant of every repeat trains for enough epochs that the steady part lasts at least
+# that long, at most MAX_EPOCHS. The digits mlp's epochs take about 6 ms: two of them are timer noise, forty a figure.
 MAX_EPOCHS = 40
 
 

@@ -1,23 +1,15 @@
-"""Smoke check of one CUDA environment, run inside its image: is it the CUDA build, are its CUDA libraries
-complete, is TF32 off, and where does it compute?
+"""Smoke check of one CUDA environment in its image: the CUDA build, its libraries, TF32 off, where it computes.
 
-    ROSETTA_RUNTIME=container ROSETTA_VARIANT=cuda python -m pipelines.runner torch -- python -m tooling.cuda_smoke
     make smoke-cuda            # the four CUDA images (torch, tf, jax, validation)
+    ROSETTA_RUNTIME=container ROSETTA_VARIANT=cuda python -m pipelines.runner torch -- python -m tooling.cuda_smoke
 
-Checks, per environment (ROSETTA_ENV, which the runner sets):
-- the framework is a CUDA build: `torch.version.cuda` and cuDNN's version; `tf.test.is_built_with_cuda()` and
-  TF's build info; the JAX CUDA plugin (`jax_cuda12_plugin`, its PJRT wheel) importable, and `ptxas` (which XLA
-  compiles GPU kernels with) runs; onnxruntime-gpu lists `CUDAExecutionProvider` and its CUDA provider library
-  finds every library it links (cuBLAS, cuRAND, cudart: the image's LD_LIBRARY_PATH);
-- every shared library of the environment's nvidia-* wheels loads, except those that link the driver
-  (`libcuda.so.1`), which only a GPU host supplies (the NVIDIA container toolkit mounts it);
-- TF32 is off after the framework package's own `configure()` (ONNX Runtime: `use_tf32=0` is asked for);
-- where it computes: with a GPU, a float32 matmul on it against float64 numpy (TF32 would be ~1e-3 off); without
-  one, exactly one line says so, e.g. "no GPU visible: torch runs on CPU (CUDA build 13.0)", and the same
-  matmul runs on the CPU.
-
-Exit 0 when every check passes (a missing GPU is not a failure, unless --require-gpu: `make gpu-check`), else 1
-with the failed check named. --json PATH writes the findings for tooling/gpu_check.py's report.
+The CUDA images must be checkable without a GPU, so this shows inside each (ROSETTA_ENV, set by the runner, names
+the environment) what can be shown there: that the framework is the CUDA build, that every library of the nvidia-*
+wheels loads but those that need the driver a GPU host supplies, and that TF32 is off after the package's own
+configure(); then a float32 matmul against float64, on the GPU, or without one on the CPU after one line that says
+so. Exit 0 when every check passes (a missing GPU is not a failure, unless --require-gpu, which `make gpu-check`
+passes), else 1 with the failed check named; --json PATH writes the findings for tooling/gpu_check.py's report.
+The checks one by one and what they find: docs/containers.md, "CUDA", and containers/README.md.
 """
 
 from __future__ import annotations
@@ -38,7 +30,9 @@ from pathlib import Path
 
 import numpy as np
 
-DRIVER = "libcuda.so.1"  # the NVIDIA driver's library: the host's, never in an image
+# The NVIDIA driver's library: the host's, never in an image (on a GPU host the NVIDIA Container Toolkit mounts it),
+# so a library that links it cannot load in an image without a GPU, and that is not a failure.
+DRIVER = "libcuda.so.1"
 # Host fabric libraries (InfiniBand verbs, MPI, PMIx, OpenSHMEM, libfabric, UCX) that only the optional multi-node
 # plugins of cuFile (libcufile_rdma) and NVSHMEM (nvshmem_bootstrap_*, nvshmem_transport_*) link; those plugins are
 # loaded only when such a fabric is configured, never by single-host training, so an image need not have them.

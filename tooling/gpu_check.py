@@ -3,28 +3,14 @@
     make gpu-check             # = python -m tooling.gpu_check
     python -m tooling.gpu_check report RESULT.json --out DIR     # only the report, from a result file
 
-What it does, in order (each step's output goes to the terminal; the report to reports/gpu-check/):
-1. Refuses, with one line and exit code 2, where this host has no NVIDIA GPU (`nvidia-smi -L` lists none) or the
-   container engine cannot hand GPUs to a container (NVIDIA Container Toolkit: Docker's runtime/hook, podman's
-   CDI spec). That is every machine without a GPU, including the one this was written on.
-2. Builds the CUDA images that are missing or stale (`python -m tooling.images build --variant cuda --clean`),
-   and reuses the others.
-3. Runs tooling/cuda_smoke.py --require-gpu in the four CUDA images: each framework must see a GPU, with TF32
-   off (a float32 matmul on the GPU against float64); the devices each saw go into the report.
-4. Runs the tiny pipeline (tooling/tiny_run.py's TINY params) twice in temporary copies of this checkout: on the CPU
-   (local environments) and in the CUDA images with the GPUs (ROSETTA_RUNTIME=container ROSETTA_VARIANT=cuda
-   ROSETTA_GPUS=1). Data-parallel training (TINY: 2 workers) stays on only with 2 GPUs or more: NCCL refuses two
-   ranks on one GPU.
-5. In the CUDA run's validation image, on the GPU: each model.onnx in ONNX Runtime's CUDA provider (use_tf32=0)
-   against its CPU provider on the test images (max abs difference), and both providers' latency
-   (pipelines/latency.py's method, batch 1 and 64).
-6. Writes reports/gpu-check/report.json and report.md: devices seen; per model, ORT CUDA vs ORT CPU max abs
-   difference (against the ONNX tolerance of params.yaml); native CUDA latency (the CUDA run's train_export
-   measurements) vs ORT CUDA; the parity of the CUDA run with the CPU run (first-step loss, test loss and
-   accuracy, against params.yaml's training tolerances); both runs' validation verdicts. Exit 0 only if all pass.
-
-Only steps 1 and 6 can run without a GPU; tests/unit/test_gpu_check.py tests them (the refusal, and the report from a
-fake result file). Steps 2-5 are thin: they call the same commands a user would.
+Without a GPU the CUDA images can show only that they build, hold the CUDA builds and pass on the CPU (make
+smoke-cuda, make test-cuda); this shows the rest on a GPU host: it builds the missing or stale CUDA images,
+smoke-checks each with --require-gpu (tooling/cuda_smoke.py), runs the tiny pipeline twice (on the CPU, and in the
+CUDA images on the GPUs), measures each model.onnx under ONNX Runtime's CUDA provider against its CPU provider, and
+judges the CUDA run against the CPU run by params.yaml's tolerances, each step with the commands a user would run.
+It writes reports/gpu-check/report.json and report.md and exits 0 only if every part passes; anywhere else it
+refuses in one line, exit 2. Only the refusal and the report run without a GPU (tests/unit/test_gpu_check.py).
+Each step and the report: containers/README.md, "What only `make gpu-check` checks".
 """
 
 from __future__ import annotations
@@ -51,7 +37,7 @@ REFUSAL = "error: make gpu-check needs an NVIDIA GPU and the NVIDIA container ru
 LATENCY_BATCHES = (1, 64)
 
 
-# ---------------------------------------------------------------- 1. refuse where there is no GPU
+# ---------------------------------------------------------------- refuse where there is no GPU
 
 
 def refusal() -> str:
@@ -64,7 +50,7 @@ def refusal() -> str:
     return REFUSAL.format(why=problem) if problem else ""
 
 
-# ---------------------------------------------------------------- 2-5. on the GPU host (refused without one)
+# ---------------------------------------------------------------- on the GPU host (refused without one)
 
 
 def orchestrator_env(**extra: str) -> dict[str, str]:
@@ -219,7 +205,7 @@ def run_on_gpu(out: Path) -> dict[str, Any]:
     return result
 
 
-# ---------------------------------------------------------------- 6. the report (pure: tested with a fake result)
+# ---------------------------------------------------------------- the report (pure: tested with a fake result)
 
 
 def verdicts(result: dict[str, Any]) -> dict[str, bool]:

@@ -2,25 +2,14 @@
 
     python -m tooling.kserve_manifests write    # deploy/kserve/<server>.yaml from pipelines.serving.servers.SERVERS
     python -m tooling.kserve_manifests check [FILE...]  # each manifest against KServe's own CRD schema (offline)
-    python -m tooling.kserve_manifests vendor CRD.yaml --url URL --tag TAG   # re-vendor the schema from a CRD file
+    python -m tooling.kserve_manifests vendor CRD.yaml --url URL --tag TAG --commit SHA  # re-vendor the schema
 
-Each manifest is a custom predictor (`serving.kserve.io/v1beta1` InferenceService, one container): the server's
-image (`rosetta-<env>:cpu`, pipelines/containers.py), its module's command line with the ports KServe expects (REST
-8080, gRPC 8081) on every interface of the pod, and the model store from STORAGE_URI, which KServe's storage
-initializer puts at /mnt/models. The store holds what the runner mounts for a stage (the images hold no code of
-ours): the sources on PYTHONPATH and the finished run's artifacts, so a server runs the code that made its models.
-Written, not hand-kept: the command line, environments and thread pins come from the modules that own them, and
-tests/unit/test_kserve_manifests.py fails when the committed files drift from what this module writes. The annotation
-`rosetta.served-models` lists the names the server answers to once the store holds params.yaml's models
-(rosetta_common.serving.served_models: each model and its init twin, DNS-1123 labels, so text_transformer is
-`text-transformer`): the names a client puts in /v2/models/<name>, and KServe's own rule for a TrainedModel's name,
-which the check holds them to.
-
-Why the validation is strict: the API server prunes (or, under kubectl's default --validate=strict, refuses) a
-field its structural schema does not declare, while plain JSON Schema lets any extra field through; so every object
-schema that lists properties and does not say x-kubernetes-preserve-unknown-fields is closed here, as kubeconform's
-strict mode closes it, and x-kubernetes-int-or-string becomes "an integer or a string". ObjectMeta, which a CRD's
-schema leaves open (the API server checks it natively), gets the checks the API server makes of the fields used.
+Each manifest is a custom predictor: the server's image and its module's command line, with the model store (the
+sources and a finished run's artifacts) mounted from STORAGE_URI. They are written, not hand-kept, so that the
+command line, environments and thread pins come from the modules that own them; tests/unit/test_kserve_manifests.py
+fails when the committed files drift from what this module writes. The check is as strict as the API server
+(`strict` says how), so a field KServe would prune or refuse fails offline, before any cluster sees it. Deploying
+them: docs/serving.md, "On KServe".
 """
 
 from __future__ import annotations
@@ -47,6 +36,8 @@ SCHEMA = DEPLOY / "schema" / "inferenceservice-v1beta1.json"
 SOURCE = DEPLOY / "schema" / "SOURCE.json"  # where the schema came from: URL, tag, commit, sha256 of the CRD file
 API_VERSION, KIND = "serving.kserve.io/v1beta1", "InferenceService"
 MODEL_DIR = "/mnt/models"  # where KServe's storage initializer puts (or, for pvc://, mounts) STORAGE_URI
+# The store holds what the runner mounts for a stage (the images hold no code of ours): the sources, put on
+# PYTHONPATH, and the finished run's artifacts, so a server runs the code that made its models.
 STORAGE_URI = "pvc://rosetta-store/rosetta"  # PVC rosetta-store, folder rosetta/: docs/serving.md, "On KServe"
 HTTP_PORT, GRPC_PORT = 8080, 8081  # KServe's defaults for a ModelServer (its --http_port and --grpc_port)
 # Standard (KServe's raw Deployment + Service): the one mode that exposes both ports of a container; Knative takes
@@ -64,9 +55,15 @@ RESOURCES = {"requests": {"cpu": THREADS, "memory": "1Gi"}, "limits": {"cpu": TH
 # Loaded by the stages' runner too, but meaningless in a pod: where things live on this machine.
 _LOCAL_ONLY = ("PATH", "VIRTUAL_ENV", "HOME")
 DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")  # KServe's rule for an InferenceService name (<= 63)
+# ObjectMeta, which a CRD's schema leaves open (the API server checks it natively), gets the checks the API server
+# makes of the fields these manifests use (problems).
 METADATA_FIELDS = {"name", "namespace", "labels", "annotations"}
 PARAMS = REPO_ROOT / "params.yaml"  # whose models the store's finished run holds
-SERVED_MODELS = "rosetta.served-models"  # the annotation: every name the server answers to, comma-separated
+# The annotation: every name the server answers to once the store holds params.yaml's models, comma-separated
+# (rosetta_common.serving.served_models: each model and its init twin, DNS-1123 labels, so text_transformer is
+# `text-transformer`): the names a client puts in /v2/models/<name>, which problems() holds to KServe's own rule
+# for a TrainedModel's name.
+SERVED_MODELS = "rosetta.served-models"
 
 
 class ManifestError(ValueError):
@@ -172,8 +169,12 @@ def manifest_path(server: str) -> Path:
 # ------------------------------------------------------------------------------------------------- checking
 
 
+# Why the check is strict: the API server prunes (or, under kubectl's default --validate=strict, refuses) a field its
+# structural schema does not declare, while plain JSON Schema lets any extra field through; so every object schema
+# that lists properties and does not say x-kubernetes-preserve-unknown-fields is closed here, as kubeconform's strict
+# mode closes it, and x-kubernetes-int-or-string becomes "an integer or a string".
 def strict(node: Any) -> Any:
-    """The schema as the API server applies it (see the module's docstring): closed objects, int-or-string."""
+    """The schema as the API server applies it (the comment above): closed objects, int-or-string."""
     if isinstance(node, list):
         return [strict(item) for item in node]
     if not isinstance(node, dict):

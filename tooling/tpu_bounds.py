@@ -1,8 +1,4 @@
-"""The bounds a TPU run is held to against the CPU runs, derived from the device's own arithmetic before any
-comparison: each float32 op the models use, measured on the device against float64 (tooling/tpu_ops.py, recorded
-in tpu/op_accuracy.json), propagated to each model's step-1 loss and lockstep bounds by one stated method.
-
-The method, per model and matrix precision:
+"""The TPU bounds, from the device's own arithmetic before any comparison. The method, per model and matrix precision:
 - the forward to the loss uses each op a known number of times (OPS_USED: every layer, every time step of a
   recurrent model, each LayerNorm or BatchNorm as a mean, a variance and an rsqrt; the loss as one softmax
   cross-entropy), read off rosetta_common's spec of the architecture;
@@ -16,9 +12,7 @@ The method, per model and matrix precision:
   the first step beyond the TPU's lockstep_loss_rel is where the runs part;
 - the TPU's logits against ONNX Runtime's on the CPU, and against the TPU's own reload, add the forward's
   worst-element error to the relative term: sum over the forward's uses (the loss aside) of rel_to_max(op).
-A bound is a property of float32, the device and the method: the comparison never moves it. Every other
-tolerance (end of training, quality, running statistics) is params.yaml's, judged by the measured null after
-parting as for every pair.
+A bound is a property of float32, the device and the method: no comparison moves it (docs/tpu.md, tooling/tpu_ops.py).
 """
 
 from __future__ import annotations
@@ -99,6 +93,9 @@ def model_bounds(model: str, ops: dict[str, Any], tol: TolerancesSpec, precision
     }
 
 
+# The method's text is read out of the module docstring, between "The method, per model and matrix precision:" and
+# "A bound", and recorded with the bounds (tpu/bounds.json, and each result tooling/tpu_judge.py writes): editing
+# that text changes the recorded files, which tests/unit/test_tpu_check.py compares.
 def derive(op_accuracy: dict[str, Any], tol: TolerancesSpec, models: list[str]) -> dict[str, Any]:
     """Every model's bounds at every precision the op file measured: {"precisions": {p: {model: bounds}}}."""
     ops = op_accuracy["ops"]
@@ -113,6 +110,8 @@ def derive(op_accuracy: dict[str, Any], tol: TolerancesSpec, models: list[str]) 
             "precisions": {p: {m: model_bounds(m, ops, tol, p) for m in models} for p in precisions}}
 
 
+# Every other tolerance (end of training, quality, running statistics) stays params.yaml's, judged by the measured
+# null after the runs part, as for every pair.
 def tolerances_for(tol: TolerancesSpec, bounds: dict[str, Any]) -> TolerancesSpec:
     """params.yaml's tolerances with one model's TPU bounds in place (the rest unchanged)."""
     keys = ("step1_loss_rel", "lockstep_loss_rel", "lockstep_state_rel", "onnx_vs_native_rel",

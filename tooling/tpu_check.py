@@ -6,18 +6,12 @@
     python -m tooling.tpu_check judge --precision highest --out RESULT.json  # in the validation environment
     python -m tooling.tpu_check report tpu/result-highest.json tpu/result-default.json --out reports/tpu-check
 
-What it does on a TPU host, in order (the CPU runs, artifacts/<framework>/, come from `dvc repro` first):
-1. Refuses, with one line and exit code 2, where no TPU is visible (no TPU device under /dev, TPU_ACCELERATOR_TYPE
-   unset) or the TPU interpreter (tpu_python) cannot import libtpu and the jax package's needs, naming what is
-   missing.
-2. Measures every op the models use against float64 at both precisions (tooling/tpu_ops.py) and derives the
-   bounds from it (tooling/tpu_bounds.py): written before any run is compared.
-3. Trains, exports and records the JAX stage on the TPU at `highest` and at JAX's default precision
-   (tooling/tpu_train.py), each as the subject `jax@tpu` in a folder of its own.
-4. Judges each against every CPU run present (tooling/tpu_judge.py) and writes reports/tpu-check/: each
-   precision's result JSON and report.md (tooling/tpu_report.py). Exit 0 only if the `highest` run passes and
-   the default-precision run fails naming the matrix precision.
-Without a TPU only steps 1 and the bounds, judge and report subcommands run (tests/unit/test_tpu_check.py).
+A port to a TPU claims float32 products; this shows the claim holds at `highest` and that the judge catches JAX's
+default TPU precision. On a TPU host, after `dvc repro` made the CPU runs, it measures the ops and derives the bounds
+before any run is compared (tooling/tpu_ops.py, tooling/tpu_bounds.py), trains the JAX stage at both precisions
+(tooling/tpu_train.py), judges each (tooling/tpu_judge.py) and writes reports/tpu-check/; exit 0 only if `highest`
+passes and the default fails naming the matrix precision. Without a TPU it refuses in one line, exit 2; the
+subcommands need none. The steps by hand and the current figures: docs/tpu.md.
 """
 
 from __future__ import annotations
@@ -106,7 +100,7 @@ def unpack(pack: Path, precision: str) -> Path:
 
 
 def run_on_tpu(out: Path) -> int:
-    """Steps 2-4 on a TPU host (module docstring)."""
+    """On a TPU host: the ops measured, the bounds derived, each precision trained, unpacked and judged, the report."""
     from pipelines import paths
     from pipelines.environments import FRAMEWORKS
 

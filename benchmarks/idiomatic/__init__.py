@@ -1,23 +1,13 @@
 """Each framework's idiomatic training loop, the yardstick benchmarks/train_throughput.py holds our train() to.
 
-One module per framework (`torch`, `tf`, `jax`), each with the same four names:
-
-- `train(model, data, batch_size, optimizer, epochs, seed, variant=None) -> LoopRun`: train `model` (the very
-  model our `build()` returns) in place the way that framework's own tutorials do, timing each epoch: the
-  framework's own train mode, its own dropout drawing from its own generator, its own BatchNorm;
-- `TRICKS`: {name: what it does}: speed-ups our train() does not use, most because they change the numbers
-  the frameworks must agree on or hide per-step losses (each says which); `variant=name` adds one to the loop;
-- `PARITY`: {name: what it does}: the idiomatic loop made to do one thing parity requires of our train()
-  (e.g. torch's Adam formula, the shared dropout masks); `variant=name` measures what that one requirement costs;
-- `ONLY_FOR`: {variant name: models}: the variants that apply to some models only (the shared dropout masks to the
-  resnet, ...); a variant not named applies to all;
-- optionally `PEERS`: {loop name: module}: more idiomatic styles of that framework (JAX: `idiomatic_linen`,
-  benchmarks/idiomatic/jax_linen.py, flax.linen + TrainState beside the NNX loop), each module with the four names
-  above and `MODELS` (the architectures it has). Each runs as one more loop (its TRICKS and PARITY as
-  `<loop name>:<name>`), and our train() is held to the fastest idiomatic loop of each case.
-
-Imported only inside that framework's environment (through the runner): nothing here imports a framework at
-package level.
+Parity makes our train() do what a framework's users would not (the same batches, every step's loss, torch's Adam
+to the last bit), so its speed is judged against the loop such a user writes: on the very model our build()
+returns, in the framework's own train mode, with its own dropout and BatchNorm. One module per framework (`torch`,
+`tf`, `jax`), each with `train(model, data, batch_size, optimizer, epochs, seed, variant=None) -> LoopRun` and its
+named variants: `TRICKS` (speed-ups our train() does not use), `PARITY` (one thing parity requires, added alone)
+and `ONLY_FOR` (the models a variant is for); `PEERS` names a framework's further styles (JAX: jax_linen.py). What
+each name holds and how the benchmark runs them: benchmarks/README.md, "train_throughput.py". Each module is imported
+only inside its framework's environment (through the runner): nothing here imports a framework at package level.
 """
 
 from __future__ import annotations

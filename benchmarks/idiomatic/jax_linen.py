@@ -2,24 +2,13 @@
 `flax.training.train_state.TrainState`, one `@jax.jit def train_step(state, batch)` over numpy batches sliced per
 step (as Flax's linen MNIST example writes it: a numpy permutation per epoch, the last partial batch dropped).
 
-Models: the mlp and the attention model only (MODELS; cnn, resnet, lstm and gru have no linen twin here), written
-as a Flax user writes them, equal in shapes to rosetta_jax.models.MLP and AttentionClassifier:
-- nn.Dense layers; nn.relu (mlp);
-- attention: nn.LayerNorm with Flax's defaults (one-pass "fast" variance; the spec's epsilon, part of the
-  architecture), nn.gelu at its default (the tanh approximation), and nn.MultiHeadDotProductAttention (Flax's
-  own layer, as a linen user writes attention; use_bias=False: the canonical q/k/v projections have no bias; its
-  out projection then has none either, 512 adds per token fewer than ours), embed + learned positions, one
-  pre-norm encoder block, final LayerNorm, mean over tokens, dense head.
-The parameters start from the canonical init weights, read from the very NNX model our build() returns (the same
-values; the attention kernels reshaped to the layer's per-head (embed, heads, head_dim) layout), so both loops
-train the same model from the same start; only the speed is compared (the losses are a sanity figure).
-
-The worker's process ran rosetta_jax.train.configure (jax_default_matmul_precision="highest", as for every loop
-there); on CPU that changes no compiled instruction (benchmarks/README.md, measured), so the loop leaves it.
-
-PARITY: each thing parity makes our train() do, added alone to this loop (`variant=name`): torch's Adam, the
-two-pass LayerNorm, the exact (erf) GELU, the attention written out with einsum as rosetta_jax writes it. TRICKS:
-none measured here (the NNX loop's `donate` is measured there).
+Our JAX models are NNX modules, but most JAX code is linen, so our train() is held to this loop as well as to the
+NNX one (idiomatic/jax.py). The mlp and the attention model only (MODELS), written as a Flax user writes them, with
+Flax's own layers at their defaults, equal in shapes to rosetta_jax.models' and started from the very weights our
+build() returns: both loops train the same model from the same start, and only the speed is compared (the losses
+are a sanity figure). PARITY adds to this loop, one at a time, what parity makes our train() do: torch's Adam, the
+two-pass LayerNorm, the exact (erf) GELU, the attention written out with einsum. TRICKS: none (the NNX loop's
+`donate` is measured in idiomatic/jax.py). Latest figures and what each requirement costs: benchmarks/README.md.
 """
 
 from __future__ import annotations
@@ -89,6 +78,12 @@ class SelfAttention(nn.Module):
         return nn.Dense(embed, name="out")(jnp.einsum("bhqk,bkhd->bqhd", weights, v).reshape(batch, tokens, embed))
 
 
+# The attention model as a linen user writes it, equal in shapes to rosetta_jax.models.AttentionClassifier: embed +
+# learned positions, one pre-norm encoder block, a final LayerNorm, the mean over tokens, a dense head. At Flax's
+# defaults (PARITY's model changes off): nn.LayerNorm's one-pass "fast" variance (the spec's epsilon, part of the
+# architecture), nn.gelu's tanh approximation, and nn.MultiHeadDotProductAttention, Flax's own layer, with
+# use_bias=False (the canonical q/k/v projections have no bias; its out projection then has none either, 512 adds
+# per token fewer than ours).
 class AttentionClassifier(nn.Module):
     embed_dim: int
     num_heads: int
@@ -127,7 +122,8 @@ def linen_model(config: Any, parity: frozenset[str] = frozenset()) -> nn.Module:
 
 
 def canonical_params(model: nnx.Module, parity: frozenset[str] = frozenset()) -> dict[str, Any]:
-    """The NNX model's parameters as the linen twin's `params` (the same values, copied)."""
+    """The NNX model's parameters as the linen twin's `params` (the same values, copied; for
+    nn.MultiHeadDotProductAttention the attention kernels reshaped to its per-head (embed, heads, head_dim) layout)."""
     pure = nnx.to_pure_dict(nnx.state(model, nnx.Param))
     params = jax.tree.map(jnp.array, pure)
     if model.config.arch != "attention":
@@ -175,6 +171,8 @@ def train_step(state: train_state.TrainState, batch: tuple[jax.Array, jax.Array]
     return state.apply_gradients(grads=grads), loss
 
 
+# The worker's process ran rosetta_jax.train.configure (jax_default_matmul_precision="highest"), as for every loop
+# there; on a CPU that changes no compiled instruction (benchmarks/README.md), so this loop leaves it.
 def train(model: nnx.Module, data: Dataset, batch_size: int, optimizer: AdamSpec | SGDSpec, epochs: int, seed: int,
           variant: str | None = None) -> LoopRun:
     """Train the linen twin of `model` (from its weights) for `epochs`; `model` itself is left as it was."""
