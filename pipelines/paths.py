@@ -45,6 +45,23 @@ def data_parallel_run(model: str, framework: str) -> Path:
     return data_parallel_dir(framework) / model
 
 
+NULL_PLAN = ARTIFACTS / "null_plan.json"  # the null_plan stage's output: the models that train replicates to the end
+
+
+def replicates_dir(framework: str) -> Path:
+    """The replicates@<framework> stage's one DVC output: a folder of replicates per model null_plan names."""
+    return ARTIFACTS / "replicates" / framework
+
+
+def replicates_run(model: str, framework: str) -> Path:
+    """One model's end-of-training replicates (replicates.json, replicates.npz), a run_dir's own measured null."""
+    return replicates_dir(framework) / model
+
+
+REPLICATES_RECORD = "replicates.json"  # in a replicates_run, or a data-parallel run folder
+REPLICATES_ARRAYS = "replicates.npz"
+
+
 def trained_weights(model: str, framework: str) -> Path:
     return run_dir(model, framework) / "trained.safetensors"
 

@@ -1,22 +1,24 @@
-"""The power of the measured null, from its design alone (no run): for params.yaml's replicate count and alpha, the
+"""The power of the measured null, from its design alone (no run): for params.yaml's parted replicates and alpha, the
 smallest shift of one framework's end-of-training figure, in within-framework standard deviations, that the validate
-stage's test (pipelines/checks/replicate_null.py) detects with 80 % power at Holm's first step, for each family size;
-and how often it fails a correct port when one framework's own spread is larger than the others'.
+stage's pooled test (pipelines/checks/replicate_null.py) detects with 80 % power at Holm's first step, for each
+family size m (one test per model and figure); how often it fails a correct port; and how often when one framework's
+own spread is larger than the others'. For comparison, the shift an exact per-pair rank-sum test finds at the same
+alpha / m with ten replicates per framework, each parted (each pair's K + 1 cross against 2K within distances).
 
-The model: each framework's run and its K replicates end at a figure drawn from one distribution (normal, sd 1); a
-porting bug moves one framework's run and all its replicates by the shift. A pair's test sees the K + 1 cross
-distances |a_i - b_i| and the 2K within distances |a_0 - a_i|, |b_0 - b_i|, as cross_and_within computes them with
-every replicate parted, and a model fails when a pair's p is at most alpha / m. Monte-Carlo, seeded: the same
-command prints the same table on any machine. docs/judge.md, 'The power of the null', shows its output.
+The model: each framework's run and its P parted replicates end at a figure drawn from N(0, 1); a porting bug moves
+one framework's run and all its replicates by the shift; distance |a - b|. Each draw is judged by pseudo_f over the
+same 1999 seeded relabellings as pooled_p would draw them (pooled_p draws 9999): p from 1/2000, an eighth of alpha /
+12. Monte-Carlo, seeded: the same command prints the same table on any machine. docs/judge.md, 'The power of the
+null', shows its output.
 
-    python -m tooling.null_power [--samples 2000] [--families 4 12 21] [--count K] [--spread 3]
+    python -m tooling.null_power [--samples 2000] [--families 3 6 12] [--parted P] [--spread 3]
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
 import sys
+import zlib
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -24,40 +26,100 @@ import numpy as np
 import yaml
 from tqdm import tqdm
 
-from pipelines.checks.replicate_null import rank_sum_p, smallest_p
+from pipelines.checks.replicate_null import pseudo_f
 
 REPO = Path(__file__).resolve().parents[1]
 POWER = 0.8
+FRAMEWORKS = 3  # framework 0 carries the bug or the larger spread
+RELABELLINGS = 1999
+KEY = "null_power"  # seeds the relabellings, as pooled_p's key does
 SHIFTS = np.round(np.arange(0.0, 8.01, 0.25), 2)  # within-framework sd; beyond 8 the table says "> 8"
-PAIRS = list(itertools.combinations(range(3), 2))  # framework 0 carries the bug or the larger spread
 
 
-def design() -> tuple[int, float]:
-    """params.yaml's replicate count and the null's alpha."""
+RANK_SUM_K = 10  # the per-pair rank sum's replicates per framework, for comparison
+
+
+def design() -> tuple[int, int, float]:
+    """params.yaml's parted replicates per framework, the comparison's replicates, and the null's alpha."""
     params = yaml.safe_load((REPO / "params.yaml").read_text())
-    return int(params["replicates"]["count"]), float(params["tolerances"]["null_alpha"])
+    return int(params["replicates"]["parted"]), RANK_SUM_K, float(params["tolerances"]["null_alpha"])
 
 
-def pair_p(states: np.ndarray, a: int, b: int) -> float:
-    """One pair's p-value from one draw of end states (frameworks x (K + 1): the run, then its replicates)."""
-    cross = np.abs(states[a] - states[b])
-    within = np.concatenate([np.abs(states[a, 0] - states[a, 1:]), np.abs(states[b, 0] - states[b, 1:])])
-    return rank_sum_p(cross, within)
+def relabellings(points: int, count: int = RELABELLINGS, key: str = KEY) -> np.ndarray:
+    """The observed labels (row 0: `points` per framework), then `count` random relabellings drawn as pooled_p draws
+    them for `key`."""
+    labels = np.repeat(np.arange(FRAMEWORKS), points)
+    rng = np.random.default_rng(zlib.crc32(key.encode()))
+    drawn = [rng.permuted(np.tile(labels, (min(1000, count - start), 1)), axis=1) for start in range(0, count, 1000)]
+    return np.concatenate([labels[None], *drawn])
 
 
-def smallest_model_p(states: np.ndarray, pairs: Sequence[tuple[int, int]]) -> float:
-    return min(pair_p(states, a, b) for a, b in pairs)
+def pooled_ps(draws: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """Each draw's pooled p-value (draws: samples x frameworks x points, the run then its parted replicates)."""
+    p = np.empty(len(draws))
+    for i, states in enumerate(draws):
+        points = states.ravel()
+        f = pseudo_f((points[:, None] - points[None, :]) ** 2, labels, FRAMEWORKS)
+        p[i] = (1 + np.count_nonzero(f[1:] >= f[0] * (1 - 1e-12))) / len(labels)
+    return p
 
 
-def power_curve(draws: np.ndarray, alphas: Sequence[float]) -> np.ndarray:
-    """(shifts x alphas): the share of draws in which a pair with the moved framework rejects at each alpha."""
-    curve = np.empty((len(SHIFTS), len(alphas)))
-    for i, shift in enumerate(tqdm(SHIFTS, desc="shifts", unit="shift", file=sys.stderr)):
+def mid_ranks(values: np.ndarray) -> np.ndarray:
+    """Ranks 1..n of `values`, ties given the mean of the ranks they span."""
+    order = np.argsort(values, kind="mergesort")
+    ranks = np.empty(len(values), np.float64)
+    sorted_values = values[order]
+    start = 0
+    while start < len(values):
+        end = start
+        while end + 1 < len(values) and sorted_values[end + 1] == sorted_values[start]:
+            end += 1
+        ranks[order[start:end + 1]] = (start + end) / 2 + 1
+        start = end + 1
+    return ranks
+
+
+def rank_sum_p(cross: Sequence[float], within: Sequence[float]) -> float:
+    """Exact one-sided p-value that `cross` is stochastically no larger than `within`: the share of all ways to
+    pick len(cross) of the pooled values whose rank sum is at least the observed one (Wilcoxon-Mann-Whitney's rank
+    sum, ties at mid-ranks; every split counted, so no approximation at small sample sizes)."""
+    pooled = np.asarray([*cross, *within], np.float64)
+    k = len(cross)
+    doubled = np.rint(2 * mid_ranks(pooled)).astype(np.int64)  # mid-ranks are halves: integers when doubled
+    observed = int(doubled[:k].sum())
+    top = int(doubled.sum())
+    # ways[j][s]: subsets of j of the values seen so far whose doubled rank sum is s.
+    ways = np.zeros((k + 1, top + 1), np.float64)
+    ways[0, 0] = 1.0
+    for r in doubled:
+        ways[1:, r:] += ways[:-1, :top + 1 - r].copy()
+    total = ways[k].sum()
+    return float(ways[k, observed:].sum() / total)
+
+
+def rank_sum_model_p(states: np.ndarray) -> float:
+    """The smallest p of the two pairs with framework 0 under the per-pair rank sum: K + 1 cross distances against
+    the 2K within distances (frameworks x (K + 1): the run, then its replicates, every one parted)."""
+    def pair_p(a: int, b: int) -> float:
+        within = np.concatenate([np.abs(states[a, 0] - states[a, 1:]), np.abs(states[b, 0] - states[b, 1:])])
+        return rank_sum_p(np.abs(states[a] - states[b]), within)
+    return min(pair_p(0, 1), pair_p(0, 2))
+
+
+def power_curve(draws: np.ndarray, alphas: Sequence[float], labels: np.ndarray | None = None,
+                desc: str = "pooled") -> np.ndarray:
+    """(shifts x alphas): the share of draws in which the moved framework is found at each alpha, by the pooled test
+    over `labels` or, without them, by the per-pair rank sum; from shift 0 up to the first shift where every alpha
+    has POWER (the rows beyond are not needed)."""
+    rows = []
+    for shift in tqdm(SHIFTS, desc=desc, unit="shift", file=sys.stderr):
         moved = draws.copy()
         moved[:, 0] += shift
-        p = np.array([smallest_model_p(states, PAIRS[:2]) for states in moved])
-        curve[i] = [(p <= alpha).mean() for alpha in alphas]
-    return curve
+        p = pooled_ps(moved, labels) if labels is not None else np.array([rank_sum_model_p(s) for s in moved])
+        rows.append([(p <= alpha).mean() for alpha in alphas])
+        if min(rows[-1]) >= POWER:
+            break
+    return np.array(rows)
 
 
 def shift_at(curve: np.ndarray) -> float | None:
@@ -72,48 +134,60 @@ def shift_at(curve: np.ndarray) -> float | None:
     return float(SHIFTS[i - 1] + (POWER - lo) / (hi - lo) * (SHIFTS[i] - SHIFTS[i - 1]))
 
 
-def false_failures(draws: np.ndarray, spread: float, alphas: Sequence[float]) -> list[float]:
-    """With no bug but framework 0's spread `spread` times the others': how often any of the three pairs
-    rejects at each alpha."""
+def false_failures(draws: np.ndarray, spread: float, alphas: Sequence[float], labels: np.ndarray) -> list[float]:
+    """With no bug but framework 0's spread `spread` times the others': how often the pooled test fails at each
+    alpha."""
     wide = draws.copy()
     wide[:, 0] *= spread
-    p = np.array([smallest_model_p(states, PAIRS) for states in wide])
+    p = pooled_ps(wide, labels)
     return [float((p <= alpha).mean()) for alpha in alphas]
 
 
-def table(count: int, alpha: float, families: Sequence[int], samples: int, spread: float, seed: int = 0) -> str:
-    draws = np.random.default_rng(seed).standard_normal((samples, 3, count + 1))
+def found(curve: np.ndarray, alpha: float, floor: float) -> str:
+    shift = shift_at(curve)
+    return "never (alpha / m below the smallest p)" if alpha < floor else \
+        f"> {SHIFTS[-1]:g} sd" if shift is None else f"{shift:.2f} sd"
+
+
+def table(parted: int, count: int, alpha: float, families: Sequence[int], samples: int, spread: float,
+          seed: int = 0) -> str:
+    rng = np.random.default_rng(seed)
+    draws = rng.standard_normal((samples, FRAMEWORKS, parted + 1))
+    ranked = rng.standard_normal((samples, FRAMEWORKS, count + 1))
+    labels = relabellings(parted + 1)
     alphas = [alpha / m for m in families]
-    curve = power_curve(draws, alphas)
-    floor = smallest_p(count + 1, 2 * count)
-    lines = [f"K = {count} replicates, alpha {alpha:g}, {samples} draws; smallest possible p {floor:.3g}", "",
+    curve = power_curve(draws, alphas, labels)
+    wrong = false_failures(draws, spread, alphas, labels)
+    ranked_curve = power_curve(ranked, alphas, desc="rank sum")
+    floor = 1 / len(labels)
+    lines = [f"P = {parted} parted replicates per framework ({parted + 1} points a group), alpha {alpha:g}, "
+             f"{samples} draws, {RELABELLINGS} relabellings: smallest p {floor:.3g}", "",
              f"| family size m | alpha / m | shift found with 80 % power | false failures | false failures, one "
-             f"framework's spread x{spread:g} |", "| --: | --: | --: | --: | --: |"]
-    level, wrong = false_failures(draws, 1.0, alphas), false_failures(draws, spread, alphas)
+             f"framework's spread x{spread:g} | per-pair rank sum, K = {count}: shift found |",
+             "| --: | --: | --: | --: | --: | --: |"]
     for j, m in enumerate(families):
-        found = shift_at(curve[:, j])
-        shift = "never (alpha / m below the smallest p)" if alphas[j] < floor else \
-            f"> {SHIFTS[-1]:g} sd" if found is None else f"{found:.2f} sd"
-        lines.append(f"| {m} | {alphas[j]:.4g} | {shift} | {level[j]:.3f} | {wrong[j]:.3f} |")
+        lines.append(f"| {m} | {alphas[j]:.4g} | {found(curve[:, j], alphas[j], floor)} | {curve[0, j]:.3f} | "
+                     f"{wrong[j]:.3f} | {found(ranked_curve[:, j], alphas[j], 0.0)} |")
     return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    count, alpha = design()
+    parted, count, alpha = design()
     parser = argparse.ArgumentParser(prog="python -m tooling.null_power", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--count", type=int, default=count, help=f"replicates per framework (params.yaml: {count})")
+    parser.add_argument("--parted", type=int, default=parted,
+                        help=f"parted replicates per framework (params.yaml: {parted})")
     parser.add_argument("--samples", type=int, default=2000, help="Monte-Carlo draws (default 2000)")
-    parser.add_argument("--families", type=int, nargs="+", default=[4, 12, 21], help="Holm family sizes m")
+    parser.add_argument("--families", type=int, nargs="+", default=[3, 6, 12], help="Holm family sizes m")
     parser.add_argument("--spread", type=float, default=3.0, help="one framework's spread over the others'")
     args = parser.parse_args(argv)
-    problems = [f"--count {args.count}: must be a whole number, at least 1" if args.count < 1 else "",
+    problems = [f"--parted {args.parted}: must be a whole number, at least 1" if args.parted < 1 else "",
                 f"--samples {args.samples}: must be a whole number, at least 10" if args.samples < 10 else "",
                 f"--families {min(args.families)}: each family size at least 1" if min(args.families) < 1 else "",
                 f"--spread {args.spread}: must be above 0" if not args.spread > 0 else ""]
     for problem in filter(None, problems):
         print(f"error: {problem}", file=sys.stderr)
         return 2
-    print(table(args.count, alpha, args.families, args.samples, args.spread))
+    print(table(args.parted, count, alpha, args.families, args.samples, args.spread))
     return 0
 
 

@@ -51,15 +51,11 @@ TINY = {
     "quality": {"min_test_accuracy": {"mlp": 0.5, "cnn": 0.5, "attention": 0.3, "resnet": 0.3, "lstm": 0.3,
                                       "gru": 0.3, "text_transformer": 0.5}},
     "export": {"validation_batch_size": 16, "parity_batch_sizes": [1, 7, 1024]},
-    # count half params.yaml's 10, for time: with 5 the null's smallest p-value is 1/C(16, 6), room for Holm over
-    # the two dozen nulls a planted mistake's round makes (with 3, 1/210: a mistake's null could not reject past a
-    # family of 10).
-    # models: cnn alone, the one model whose runs part in TINY (torch|tf at step 37): the null is judged where a
-    # test needs it, and every other model keeps the strict end-of-training bounds (test_planted_porting_bugs'
-    # learning-rate plant in mlp meets them). Every model still trains its 5 lockstep-window replicates (the
-    # lockstep checks' null). resnet and text_transformer were listed too: 57 s of the tiny run's 371 s (their
-    # full replicates, text_transformer's 640 steps five times in each framework) for nulls no test judged.
-    "replicates": {"count": 5, "models": ["cnn"]},
+    # count: 5 lockstep-window replicates, as params.yaml. parted: 3 to the end per framework (the pooled test's 12
+    # points allow p down to its 1e-4 floor, room for Holm over the nulls a planted mistake's round makes).
+    # models: cnn alone, the one model whose runs part in TINY (torch|tf at step 37): every other model keeps the
+    # strict end-of-training bounds (test_planted_porting_bugs' learning-rate plant in mlp meets them).
+    "replicates": {"count": 5, "parted": 3, "at_most": 6, "models": ["cnn"]},
     # train_dp@<framework> on, two workers: mlp and cnn (cnn with its replicates, data-parallel too); attention's
     # data-parallel path is the conformance suite's (test_distributed), as every model's is.
     "data_parallel": {"workers": 2, "models": ["mlp", "cnn"]},

@@ -6,9 +6,12 @@ Per model: the run's files against export.json's sha256 (and tpu.json's record o
 model.onnx under ONNX Runtime on the CPU against the TPU's own logits, ONNX Runtime's test accuracy against the
 TPU's, the native reloads, the accuracy floor (on the median with the TPU's replicates); then against each CPU
 framework (training_parity, lockstep_checkpoints, running_statistics): strict while the runs are in lockstep,
-after parting the measured null of both sides' replicates (the TPU's own replicates trained on the TPU), Holm over
-the run. The lockstep checkpoints are strict at the TPU bounds: the TPU replicates' states (210 MB for attention)
-stay on the host, so no null judges there.
+after parting the measured null of both sides' end-of-training replicates, Holm over the run. The TPU's own are
+trained on the TPU beside its run (in its run folder) for every model of params.yaml's replicates.models; a CPU
+run's are the replicates stage's (artifacts/replicates/<framework>/<model>/), for the models
+artifacts/null_plan.json names (none where it is missing). Each is tied to its run by the digest of the run's step
+losses. The lockstep checkpoints are strict at the TPU bounds: the TPU's lockstep replicates' states (210 MB for
+attention) stay on the host, so no null judges there.
 
 The bounds are always those of float32 products (precision `highest`): that is what a port claims. A run that
 multiplied at another precision (tpu.json) fails where its error passes them, and every failing check names the
@@ -32,7 +35,7 @@ from pipelines.checks.inference_mode import inference_mode
 from pipelines.checks.ledger import Check, CheckError, Ledger
 from pipelines.checks.lockstep import lockstep_checkpoints
 from pipelines.checks.parity import running_statistics, training_parity
-from pipelines.checks.replicates import read_replicates
+from pipelines.checks.replicates import read_plan, read_replicates
 from pipelines.checks.sessions import open_session, run_onnx
 from rosetta_common.data import Dataset, load_for
 from rosetta_common.io import read_json, sha256
@@ -110,15 +113,41 @@ def check_exports(spec: Spec, ledger: Ledger, arch: str, subject: str, data: Dat
     return figures
 
 
-def cpu_run(spec: Spec, arch: str, fw: str, data: Dataset) -> dict[str, Any] | None:
-    """A CPU run's test figures and replicates, as validate reads them (its own checks are validate's)."""
+def replicates_of(ledger: Ledger, arch: str, fw: str, folder: Path) -> list[dict[str, Any]] | None:
+    """The end-of-training replicates in `folder`, checked against the step losses of run `fw` (its
+    train_log.json) by read_replicates; None, with REPLICATES_READABLE failed, where that log is unreadable."""
+    log = paths.train_log(arch, fw)
+    try:
+        losses = read_json(log)["step_losses"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        ledger.add(arch, fw, names.REPLICATES_READABLE, None, None, False, f"{log}: {type(error).__name__}: {error}")
+        return None
+    return read_replicates(ledger, arch, fw, folder, losses)
+
+
+def planned_models() -> list[str]:
+    """The models whose CPU runs have end-of-training replicates: those artifacts/null_plan.json names, none
+    where it is missing."""
+    return read_plan() if paths.NULL_PLAN.exists() else []
+
+
+def subject_replicates(spec: Spec, ledger: Ledger, arch: str, subject: str) -> list[dict[str, Any]] | None:
+    """The TPU run's end-of-training replicates: tooling/tpu_train.py trains them in its run folder for every
+    model of replicates.models (a TPU host has no CPU runs, so no null plan)."""
+    if arch not in spec.replicates.models:
+        return None
+    return replicates_of(ledger, arch, subject, paths.run_dir(arch, subject))
+
+
+def cpu_run(arch: str, fw: str, data: Dataset, planned: list[str]) -> dict[str, Any] | None:
+    """A CPU run's test figures and replicates (the replicates stage's, for a model in `planned`), as validate
+    reads them (its own checks are validate's)."""
     try:
         with np.load(paths.native_outputs(arch, fw), allow_pickle=False) as f:
             logits = f["test_logits"]
     except (OSError, KeyError, ValueError):
         return None
-    count = spec.replicates.count if arch in spec.replicates.models else 0
-    reps = read_replicates(Ledger(), arch, fw, count)
+    reps = replicates_of(Ledger(), arch, fw, paths.replicates_run(arch, fw)) if arch in planned else None
     return {"test_accuracy": accuracy(logits, data.test_labels),
             "test_loss": softmax_cross_entropy(logits, data.test_labels),
             "test_predictions": np.argmax(logits, axis=1), "replicates": reps}
@@ -164,6 +193,7 @@ def judge(bounds: dict[str, Any], precision: str, op_accuracy: dict[str, Any] | 
     cpu = [fw for fw in (cpu_frameworks or spec.frameworks) if paths.framework_dir(fw).is_dir()]
     claimed = bounds["precisions"][CLAIMED]
     ledger = Ledger()
+    planned = planned_models()
     cache: dict[str, Dataset] = {}
     parity: list[dict[str, Any]] = []
     lockstep: list[dict[str, Any]] = []
@@ -177,12 +207,11 @@ def judge(bounds: dict[str, Any], precision: str, op_accuracy: dict[str, Any] | 
         if export is None:
             continue
         tpu = check_exports(mspec, ledger, arch, subject, data, batch, export)
-        count = spec.replicates.count if arch in spec.replicates.models else 0
-        tpu["replicates"] = read_replicates(ledger, arch, subject, count)
+        tpu["replicates"] = subject_replicates(spec, ledger, arch, subject)
         quality_floor(spec, ledger, arch, subject, tpu)
         no_states = mspec.model_copy(update={"replicates": spec.replicates.model_copy(update={"count": 0})})
         for fw in cpu:
-            other = cpu_run(spec, arch, fw, data)
+            other = cpu_run(arch, fw, data, planned)
             if other is None:
                 continue
             runs = {fw: other, subject: dict(tpu)}

@@ -1,15 +1,20 @@
 """The JAX stage on a TPU host: `train_export@jax` as the pipeline runs it (every model, its lockstep checkpoints
-and replicates as params.yaml says, native and ONNX exports), at one matrix precision, packed as its own subject.
+and replicates as params.yaml says, native and ONNX exports), then the measured null's end-of-training replicates
+of every model in `replicates.models`, at one matrix precision, packed as its own subject.
 
     python -m tooling.tpu_train --precision highest|default --pack OUT.tar.gz
 
 rosetta_jax.configure() sets `jax_default_matmul_precision` to `highest` (float32 products); `--precision default`
 sets it back to None after every configure(), so the run multiplies as a JAX user's script that never sets it
-(on a TPU: bfloat16 passes). The run folders (artifacts/jax/<model>/) go into the archive as `jax@tpu/<model>/`,
-beside `jax@tpu/tpu.json` (device, precision, the versions that ran) and `measurements/` (the stage's timings).
---slim keeps what the validator reads and what fits the way back: init.onnx, native/ and taps.npz stay on the host,
-and checkpoints.npz keeps the run's own states and the replicates' step losses (the replicates' states are 210 MB
-for the attention model); tpu.json records the sha256 export.json gave each file that stayed or was rewritten.
+(on a TPU: bfloat16 passes). The end-of-training replicates follow the replicates stage's rule (until
+`replicates.parted` have parted from the run, at most `replicates.at_most`), but for every model the params list:
+a TPU host has no CPU runs, so no null plan. They go beside the run, replicates.json and replicates.npz in its
+folder, tied to it by its step losses' digest. The run folders (artifacts/jax/<model>/) go into the archive as
+`jax@tpu/<model>/`, beside `jax@tpu/tpu.json` (device, precision, the versions that ran) and `measurements/` (the
+stage's timings, the replicates' among them). --slim keeps what the validator reads and what fits the way back:
+init.onnx, native/ and taps.npz stay on the host, and checkpoints.npz keeps the run's own states and the lockstep
+replicates' step losses (their states are 210 MB for the attention model); replicates.json and replicates.npz
+stay whole. tpu.json records the sha256 export.json gave each file that stayed or was rewritten.
 Runs from this checkout's root with data/prepared and artifacts/init present, the stage in a scratch folder of its
 own (the checkout's artifacts/jax/ and measurements/ stay as they are); JAX must see a TPU (JAX_PLATFORMS
 unset or naming tpu), unless --allow-cpu (tests).
@@ -49,7 +54,8 @@ LEFT_ON_HOST = ("init.onnx", "taps.npz")
 
 
 def slim(run: Path) -> dict[str, Any]:
-    """Keep what the validator reads of one run folder (module docstring); what moved, with its export sha256."""
+    """Keep what the validator reads of one run folder (module docstring); what moved, with its export sha256.
+    Only files export.json hashed move or change: the end-of-training replicates, written after it, stay whole."""
     import numpy as np
 
     from rosetta_common.io import sha256
@@ -68,7 +74,7 @@ def slim(run: Path) -> dict[str, Any]:
         np.savez(out, **kept)
     return {"left_on_host": left,
             "rewritten": {"checkpoints.npz": {"export_sha256": recorded["checkpoints.npz"], "sha256": sha256(path),
-                                              "kept": "the run's states; the replicates' step losses"}}}
+                                              "kept": "the run's states; the lockstep replicates' step losses"}}}
 
 
 def pin_precision(precision: str | None) -> None:
@@ -86,28 +92,58 @@ def pin_precision(precision: str | None) -> None:
     rosetta_jax.configure = configured
 
 
+def train_replicates(backend: Any, spec: Any, job: Any, clock: Any) -> float:
+    """One model's end-of-training replicates (pipelines.stages.common.replicates, each fitted as the replicates
+    stage fits it) into its published run folder; returns their seconds."""
+    from pipelines import paths
+    from pipelines.stages.common import rebuilt, replicates
+    from rosetta_common.io import read_json
+
+    where = f"tpu_train {job.arch}"
+    own = read_json(paths.train_log(job.arch, "jax"))["step_losses"]  # as the judge digests them
+    model = None
+
+    def fit(replicate: int, init: Any, plan: Any) -> Any:
+        nonlocal model
+        model = rebuilt(backend, job, model, init)
+        return model, backend.train(model, plan, job.data)
+
+    started = time.time()
+    with clock.phase(f"{job.arch}.replicates"):
+        replicates(backend, spec, job, job.data, paths.run_dir(job.arch, "jax"), where, fit, own)
+    seconds = time.time() - started
+    print(f"{where}: replicates done in {seconds:.1f}s", flush=True)
+    return seconds
+
+
 def stage(train_export: Any, models: list[str]) -> None:
-    """train_export.main's steps; its latency measurement (native against ONNX Runtime) only where onnxruntime is
-    installed (a TPU host's own index may lack it): the training, exports, checkpoints and replicates are whole."""
+    """train_export.main's steps, then the end-of-training replicates of every model in `replicates.models` (each
+    model's seconds in its measurements, a `<model>.replicates` phase in the stage's); the latency measurement
+    (native against ONNX Runtime) only where onnxruntime is installed (a TPU host's own index may lack it): the
+    training, exports, checkpoints and replicates are whole."""
     import importlib.util
 
     from pipelines import measurements
     from pipelines.stages import IMPORTS_STARTED, framework_stage_args
 
-    if importlib.util.find_spec("onnxruntime") is not None:
-        code = train_export.main(["jax", *models])
-        if code:
-            raise SystemExit(code)
-        return
     clock = measurements.StageClock("train_export@jax", IMPORTS_STARTED)
     fw, models, spec = framework_stage_args(["jax", *models], train_export.__doc__, "train_export")
     jobs = train_export.load_jobs(spec, models)
+    clock.lap("inputs")
     backend = train_export.seeded_backend(fw, spec.seed)
     clock.lap("framework_import")
     runs = [train_export.run_model(backend, spec, job, job.data, clock) for job in jobs]
     for run in runs:
         train_export.record_taps(backend, run, run.job.data.validation_batch(spec.export.validation_batch_size),
                                  clock)
+    for run in runs:
+        if run.job.arch in spec.replicates.models:
+            run.seconds += train_replicates(backend, spec, run.job, clock)
+    if importlib.util.find_spec("onnxruntime") is not None:
+        for run in runs:
+            train_export.measure_model(backend, run, run.job.data, clock)
+        measurements.write_stage(clock.record(models=models))
+        return
     for run in runs:
         measurements.write(run.job.arch, fw, {
             "framework": fw, "model": run.job.arch, "stage": "train_export@jax",

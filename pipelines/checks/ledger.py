@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from pipelines.checks.replicate_null import holm_rejected, smallest_p
+from pipelines.checks.replicate_null import holm_rejected
 from rosetta_common.errors import RosettaError
 
 # One framework's run (pipelines/checks/integrity.py, exports.py, inference_mode.py).
@@ -142,7 +142,8 @@ class Check:
     tolerance: float | None
     passed: bool
     detail: str = ""
-    # Judged against the replicates' null: {"cross": [...], "within": [...], "p_value": p, "holm_family": n}.
+    # Judged against the replicates' null (replicate_null.pooled_null): its test, statistic, p-value, floor and
+    # groups; judge_nulls adds Holm's threshold and family.
     null: dict[str, Any] | None = None
 
     def row(self) -> dict[str, Any]:
@@ -177,23 +178,32 @@ class Ledger:
         self.checks.append(Check(name, model, subject, value, tolerance, False, detail, null))
 
     def judge_nulls(self, alpha: float) -> None:
-        """Decide every null-judged check together: Holm's step-down over their p-values at `alpha`. A null that
-        could not reject at any step of Holm's (the smallest p its sample sizes allow above `alpha`: too few
-        replicates parted) cannot judge: its figure stays held to the float32 bound it exceeded, and fails."""
+        """Decide every null-judged check together: Holm's step-down at `alpha` over the run's tests (a test
+        judged several pairs, replicate_null.pooled_null, counts once). A null that could not reject at any step
+        of Holm's (the smallest p its samples allow, its "floor", above `alpha`: too few replicates parted)
+        cannot judge: its figure stays held to the float32 bound it exceeded, and fails. Each row's "null" gets
+        its test's Holm threshold and the family's size."""
         at = [i for i, check in enumerate(self.checks) if check.null is not None]
-        rejected = holm_rejected([self.checks[i].null["p_value"] for i in at], alpha)
-        for i, different in zip(at, rejected, strict=True):
+        tests: dict[str, float] = {}
+        for i in at:
+            tests.setdefault(self.checks[i].null["test"], self.checks[i].null["p_value"])
+        keys = list(tests)
+        rejected = dict(zip(keys, holm_rejected([tests[k] for k in keys], alpha), strict=True))
+        order = sorted(keys, key=lambda k: tests[k])
+        threshold = {k: alpha / (len(keys) - step) for step, k in enumerate(order)}
+        for i in at:
             check = self.checks[i]
             null = check.null
-            floor = smallest_p(len(null["cross"]), len(null["within"]))
-            if floor > alpha:
-                verdict = (f"too few replicates parted from their runs ({len(null['within'])} within-framework "
-                           f"distances): the smallest p possible, {floor:.3g}, is above alpha {alpha}, so the "
-                           "null cannot judge and the float32 bound stands")
+            different = rejected[null["test"]]
+            if null["floor"] > alpha:
+                verdict = (f"too few replicates parted from their runs: the smallest p possible, "
+                           f"{null['floor']:.3g}, is above alpha {alpha}, so the null cannot judge and the float32 "
+                           "bound stands")
                 different = True
             else:
-                verdict = f"{'different' if different else 'no larger'} at alpha {alpha}, Holm over {len(at)}"
-            self.checks[i] = replace(check, passed=not different, null={**null, "holm_family": len(at)},
+                verdict = f"{'different' if different else 'no larger'} at alpha {alpha}, Holm over {len(keys)}"
+            self.checks[i] = replace(check, passed=not different,
+                                     null={**null, "threshold": threshold[null["test"]], "holm_family": len(keys)},
                                      detail=f"{check.detail}; {verdict}")
 
     def rows(self) -> list[dict[str, Any]]:

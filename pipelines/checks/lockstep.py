@@ -21,7 +21,7 @@ import numpy as np
 from pipelines import paths
 from pipelines.checks import ledger as names
 from pipelines.checks.ledger import Ledger
-from pipelines.checks.replicate_null import cross_and_within, rank_sum_p
+from pipelines.checks.replicate_null import pooled_null
 from rosetta_common.metrics import max_abs_diff, relative_diff
 from rosetta_common.spec import ModelConfig, Spec
 from rosetta_common.weights import canonical_shapes, is_statistic
@@ -145,6 +145,15 @@ def lockstep_checkpoints(spec: Spec, ledger: Ledger, arch: str, runs: dict[str, 
     states = {fw: s for fw in runs
               if (s := read_checkpoints(ledger, arch, fw, steps, config, classes, spec.replicates.count, window))
               is not None}
+    # One pooled test per kind over every framework's run and window replicates, shared by the pairs it judges.
+    nulls: dict[str, dict[str, Any] | None] = {}
+
+    def null_of(key: str, groups: dict[str, list[Any]], distance: Any) -> dict[str, Any] | None:
+        if key not in nulls:
+            nulls[key] = (pooled_null(groups, distance, f"{arch} {key} {'|'.join(groups)}")
+                          if all(len(g) > 1 for g in groups.values()) else None)
+        return nulls[key]
+
     records = []
     for a, b in itertools.combinations(states, 2):
         pair, sa, sb = f"{a}|{b}", states[a], states[b]
@@ -158,32 +167,33 @@ def lockstep_checkpoints(spec: Spec, ledger: Ledger, arch: str, runs: dict[str, 
             value = at[top][kind]["max_rel"]
             per_step = ", ".join(f"step {step}: {at[step][kind]['max_rel']:.2g}" for step in steps)
             detail = f"worst at step {top}, {at[top][kind]['where']} ({per_step})"
-            if value <= tol.lockstep_state_rel or not sa.replicates:
+            null = None
+            if value > tol.lockstep_state_rel:
+                null = null_of(check, {fw: [st.run, *st.replicates] for fw, st in states.items()},
+                               lambda x, y, k=kind: worst(x, y, k))
+            if null is None:
                 ledger.add(arch, pair, check, value, tol.lockstep_state_rel, detail=detail)
                 continue
-            null = cross_and_within(sa.run, sb.run, sa.replicates, sb.replicates,
-                                    lambda x, y, k=kind: worst(x, y, k), [True] * len(sa.replicates),
-                                    [True] * len(sb.replicates))
             judge_by_null(ledger, arch, pair, check, value, tol.lockstep_state_rel, null,
                           f"{detail}; beyond the float32 bound")
-        losses = [runs[fw].get("step_losses") for fw in (a, b)]
         failed = [c for c in ledger.checks
                   if (c.model, c.subject, c.name) == (arch, pair, names.TRAIN_LOCKSTEP_LOSS_REL) and not c.passed]
-        if failed and sa.replicates and all(x is not None for x in losses):
-            ledger.checks.remove(failed[0])
-            first = [np.asarray(x[:window], np.float64) for x in losses]
-            null = cross_and_within(first[0], first[1], sa.replicate_losses, sb.replicate_losses,
-                                    lambda x, y: float(relative_diff(x, y).max()), [True] * len(sa.replicates),
-                                    [True] * len(sb.replicates))
-            judge_by_null(ledger, arch, pair, names.TRAIN_LOCKSTEP_LOSS_REL, failed[0].value, failed[0].tolerance,
-                          null, f"{failed[0].detail}; beyond the float32 bound")
+        losses = {fw: np.asarray(runs[fw]["step_losses"][:window], np.float64) for fw in states
+                  if runs[fw].get("step_losses") is not None}
+        if failed and set(losses) == set(states):
+            null = null_of(names.TRAIN_LOCKSTEP_LOSS_REL,
+                           {fw: [losses[fw], *states[fw].replicate_losses] for fw in states},
+                           lambda x, y: float(relative_diff(x, y).max()))
+            if null is not None:
+                ledger.checks.remove(failed[0])
+                judge_by_null(ledger, arch, pair, names.TRAIN_LOCKSTEP_LOSS_REL, failed[0].value,
+                              failed[0].tolerance, null, f"{failed[0].detail}; beyond the float32 bound")
     return records
 
 
 def judge_by_null(ledger: Ledger, arch: str, pair: str, check: str, value: float, tolerance: float,
-                  null: tuple[list[float], list[float]], detail: str) -> None:
-    cross, within = null
-    p = rank_sum_p(cross, within)
-    ledger.add_null(arch, pair, check, value, tolerance, {"cross": cross, "within": within, "p_value": p},
-                    f"{detail}: cross-framework median {np.median(cross):.3g} against within-framework "
-                    f"{np.median(within):.3g} (replicates at the checkpoints), p = {p:.3g}")
+                  null: dict[str, Any], detail: str) -> None:
+    sizes = ", ".join(f"{name} {n}" for name, n in null["groups"].items())
+    ledger.add_null(arch, pair, check, value, tolerance, null,
+                    f"{detail}: pooled permutation test over each run and its window replicates ({sizes}), "
+                    f"pseudo-F {null['statistic'] or 0:.3g}, p = {null['p_value']:.3g}")

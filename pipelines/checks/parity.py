@@ -15,8 +15,8 @@ import numpy as np
 from pipelines import paths
 from pipelines.checks import ledger as names
 from pipelines.checks.ledger import FIGURES, Ledger
-from pipelines.checks.replicate_null import cross_and_within
-from pipelines.checks.replicates import disagreement, end_figures, end_of_training, parted
+from pipelines.checks.replicate_null import pooled_null
+from pipelines.checks.replicates import NullOf, disagreement, end_of_training, null_group
 from pipelines.checks.train_logs import read_step_losses
 from rosetta_common.errors import RosettaError
 from rosetta_common.metrics import max_abs_diff, parting_step, relative_diff
@@ -75,7 +75,7 @@ def judge_pair(ledger: Ledger, arch: str, pair: str, figures: dict[str, Any], to
 
 
 # Each end-of-training figure of a pair of frameworks: its key in the pair's figures and its distance between any
-# two runs (the run itself or a replicate: replicates.end_figures), for the null.
+# two runs (the run itself or a replicate: replicates.null_group), for the null.
 END_OF_TRAINING: dict[str, Callable[[dict[str, Any], dict[str, Any]], float]] = {
     "test_loss_rel": lambda x, y: float(relative_diff(x["test_loss"], y["test_loss"])),
     "test_accuracy_diff_points": lambda x, y: 100 * abs(x["test_accuracy"] - y["test_accuracy"]),
@@ -99,6 +99,7 @@ def training_parity(spec: Spec, ledger: Ledger, arch: str, runs: dict[str, dict[
         except RosettaError as error:
             ledger.add(arch, fw, names.TRAINING_RECORD_READABLE, None, None, False, str(error))
     figures = []
+    nulls = shared_nulls(arch, {fw: runs[fw] for fw in logs}, tol.lockstep_loss_rel)
     for a, b in itertools.combinations(logs, 2):
         sides = [Side(logs[fw], runs[fw]["test_loss"], runs[fw]["test_accuracy"], weights[fw]) for fw in (a, b)]
         pair = f"{a}|{b}"
@@ -107,31 +108,48 @@ def training_parity(spec: Spec, ledger: Ledger, arch: str, runs: dict[str, dict[
                "prediction_disagreement": disagreement(runs[a], runs[b])}
         figures.append(fig)
         judge_pair(ledger, arch, pair, fig, tol)
-        judge_end(ledger, arch, pair, fig, tol, runs[a], runs[b])
+        judge_end(ledger, arch, pair, fig, tol, nulls)
     return figures, weights
 
 
-def judge_end(ledger: Ledger, arch: str, pair: str, fig: dict[str, Any], tol: TolerancesSpec, a: dict[str, Any],
-              b: dict[str, Any], dp: bool = False) -> None:
+def shared_nulls(arch: str, runs: dict[str, dict[str, Any]], tolerance: float, pair: str = ""
+                 ) -> Callable[[str], NullOf]:
+    """Per end-of-training figure, its null over `runs` (each side's run and its parted replicates,
+    replicates.null_group): one pooled test that every pair of those runs shares, computed the first time a pair
+    needs it (None where a side has no replicates). `pair` names the test of a pair that is judged alone (a
+    data-parallel run and another run)."""
+    done: dict[str, dict[str, Any] | None] = {}
+
+    def null_of(key: str, distance: Callable[[Any, Any], float] | None = None) -> NullOf:
+        def null() -> dict[str, Any] | None:
+            if key not in done:
+                if any(run["replicates"] is None for run in runs.values()):
+                    done[key] = None
+                else:
+                    groups = {fw: null_group(run, tolerance) for fw, run in runs.items()}
+                    done[key] = pooled_null(groups, distance or END_OF_TRAINING[key],
+                                            f"{arch} {key} {pair or '|'.join(runs)}")
+            return done[key]
+        return null
+
+    return null_of
+
+
+def judge_end(ledger: Ledger, arch: str, pair: str, fig: dict[str, Any], tol: TolerancesSpec,
+              nulls: Callable[[str], NullOf], dp: bool = False) -> None:
     """The end-of-training checks of one pair (two frameworks' runs, or a data-parallel run and another run):
     each figure within its float32 bound passes; beyond it, runs still in lockstep fail and runs that parted are
-    judged against the null of both sides' replicates (replicates.end_of_training). `a` and `b`: each run's
-    test loss, accuracy, predictions and step losses, and its "replicates" (None: it has none)."""
+    judged against the figure's null (`nulls`, shared_nulls: the pooled test over every framework's run and
+    its replicates, or over the pair's two)."""
     parting = fig["parting_step"]
-    have = a["replicates"] is not None and b["replicates"] is not None
     for figure in FIGURES:
         check = figure.dp_check if dp else figure.check
         if not figure.end_of_training or check is None:
             continue
         if figure.tolerance is None and parting is None:
             continue  # no float32 bound but none at all: runs in lockstep to the end are judged by the others
-        null = None
-        if have:
-            fa, fb = end_figures(a), end_figures(b)
-            null = cross_and_within(fa[0], fb[0], fa[1:], fb[1:], END_OF_TRAINING[figure.key],
-                                    parted(a, tol.lockstep_loss_rel), parted(b, tol.lockstep_loss_rel))
         bound = getattr(tol, figure.tolerance) if figure.tolerance is not None else 0.0
-        end_of_training(ledger, arch, pair, check, fig[figure.key], bound, parting, null)
+        end_of_training(ledger, arch, pair, check, fig[figure.key], bound, parting, nulls(figure.key))
 
 
 def statistic_rel(a: np.ndarray, b: np.ndarray) -> float:
@@ -163,22 +181,21 @@ def running_statistics(spec: Spec, ledger: Ledger, arch: str, weights: dict[str,
     float32 bound, or after parting the replicates' null). Nothing for a model without BatchNorm."""
     tol = spec.tolerances.running_stats_rel
     figures = []
+    # Each statistic's null over every framework's trained state and its parted replicates' (their statistics).
+    states = {fw: {**runs[fw], "statistics": weights[fw]} for fw in weights}
+    nulls = shared_nulls(arch, states, spec.tolerances.lockstep_loss_rel)
     for a, b in itertools.combinations(weights, 2):
         layers = statistics_by_layer(weights[a], weights[b])
         if not layers:
             break
         pair = f"{a}|{b}"
         fig: dict[str, Any] = {"model": arch, "frameworks": pair}
-        reps = [runs.get(fw, {}).get("replicates") for fw in (a, b)]
         for statistic in names.RUNNING_STATISTICS:
             value, worst = worst_layer(layers, statistic)
             fig[f"{statistic}_max_rel"] = value
-            null = None
-            if reps[0] is not None and reps[1] is not None:
-                null = cross_and_within(weights[a], weights[b], [r["statistics"] for r in reps[0]],
-                                        [r["statistics"] for r in reps[1]],
-                                        lambda x, y, s=statistic: worst_layer(statistics_by_layer(x, y), s)[0],
-                                        *(parted(runs[fw], spec.tolerances.lockstep_loss_rel) for fw in (a, b)))
+            null = nulls(names.statistic_check(statistic),
+                         lambda x, y, s=statistic: worst_layer(statistics_by_layer(x["statistics"],
+                                                                                   y["statistics"]), s)[0])
             end_of_training(ledger, arch, pair, names.statistic_check(statistic), value, tol, parting.get(pair),
                             null)
             last = ledger.checks[-1]

@@ -1,73 +1,38 @@
-"""The measured null: what a framework's own rounding does to a figure once two runs part, and the test against it.
+"""The measured null: what a framework's own rounding does to a figure, and the test against it.
 
 Once two frameworks' runs part, training is chaotic and a figure can no longer be held to a float32 bound. Each
 framework's replicates (the shared init moved by one ulp, each batch's rows in an order of their own) show how far
-that chaos alone carries a figure; a porting mistake shows as two frameworks further apart than that. For
-one figure and one pair, cross_and_within gives the cross-framework and the within-framework distances; rank_sum_p
-tests, exactly, that the cross ones are no larger; Ledger.judge_nulls decides every such test of the run at once
-with holm_rejected, and smallest_p says when a null is too thin to judge. The samples, the test, its alpha and
-what a null too thin does: docs/judge.md, 'The measured null'.
-
-Written with numpy alone (the validation environment has no scipy): the exact distribution is a subset-sum count.
+that chaos alone carries a figure; a porting mistake shows as one framework further from the others than that.
+For one model and figure, pooled_p pools every framework's run and replicates and asks, by permuting the framework
+labels, whether the frameworks' groups lie further apart than their own spread (PERMANOVA's pseudo-F); pooled_null
+records it for a row, partitions says when a null is too thin to judge, and Ledger.judge_nulls decides every test
+of the run at once with holm_rejected. The samples, the test, its alpha and what a null too thin does:
+docs/judge.md, 'The measured null'. Written with numpy alone (the validation environment has no scipy).
 """
 
 from __future__ import annotations
 
 import math
+import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-
-def mid_ranks(values: np.ndarray) -> np.ndarray:
-    """Ranks 1..n of `values`, ties given the mean of the ranks they span."""
-    order = np.argsort(values, kind="mergesort")
-    ranks = np.empty(len(values), np.float64)
-    sorted_values = values[order]
-    start = 0
-    while start < len(values):
-        end = start
-        while end + 1 < len(values) and sorted_values[end + 1] == sorted_values[start]:
-            end += 1
-        ranks[order[start:end + 1]] = (start + end) / 2 + 1
-        start = end + 1
-    return ranks
+PERMUTATIONS = 9999  # pooled_p's random relabellings: p-values from 1e-4, far below any Holm threshold
 
 
-def rank_sum_p(cross: Sequence[float], within: Sequence[float]) -> float:
-    """Exact one-sided p-value that `cross` is stochastically no larger than `within`: the share of all ways to
-    pick len(cross) of the pooled values whose rank sum is at least the observed one (Wilcoxon-Mann-Whitney's rank
-    sum, ties at mid-ranks; every split counted, so no approximation at small sample sizes)."""
-    pooled = np.asarray([*cross, *within], np.float64)
-    k = len(cross)
-    doubled = np.rint(2 * mid_ranks(pooled)).astype(np.int64)  # mid-ranks are halves: integers when doubled
-    observed = int(doubled[:k].sum())
-    top = int(doubled.sum())
-    # ways[j][s]: subsets of j of the values seen so far whose doubled rank sum is s.
-    ways = np.zeros((k + 1, top + 1), np.float64)
-    ways[0, 0] = 1.0
-    for r in doubled:
-        ways[1:, r:] += ways[:-1, :top + 1 - r].copy()
-    total = ways[k].sum()
-    return float(ways[k, observed:].sum() / total)
-
-
-def smallest_p(n_cross: int, n_within: int) -> float:
-    """The smallest p-value rank_sum_p can give with these sample sizes: every cross value above every within."""
-    return 1.0 / math.comb(n_cross + n_within, n_cross)
-
-
-def cross_and_within(run_a: Any, run_b: Any, reps_a: Sequence[Any], reps_b: Sequence[Any],
-                     distance: Callable[[Any, Any], float], parted_a: Sequence[bool], parted_b: Sequence[bool]
-                     ) -> tuple[list[float], list[float]]:
-    """The K + 1 cross distances of one figure (run_a vs run_b, replicate i of a vs replicate i of b) and its within
-    distances (each run vs those of its own replicates that parted from it: up to 2K), `parted_a`, `parted_b`
-    saying per replicate which did (docs/judge.md, 'The measured null')."""
-    cross = [distance(run_a, run_b), *(distance(a, b) for a, b in zip(reps_a, reps_b, strict=True))]
-    within = [*(distance(run_a, a) for a, p in zip(reps_a, parted_a, strict=True) if p),
-              *(distance(run_b, b) for b, p in zip(reps_b, parted_b, strict=True) if p)]
-    return [float(c) for c in cross], [float(w) for w in within]
+def pooled_null(groups: dict[str, Sequence[Any]], distance: Callable[[Any, Any], float], test: str
+                ) -> dict[str, Any]:
+    """A row's "null" (pooled_p over `groups`: each side's run and its replicates, those that parted from it for
+    an end-of-training figure, every window replicate for a lockstep one): the pseudo-F, its p-value, the
+    smallest p the group sizes allow, and each group's size; `test` names it in Holm's family and seeds its
+    relabellings, so every pair it judges shares it."""
+    statistic, p = pooled_p(list(groups.values()), distance, test)
+    return {"method": "pooled_permutation", "test": test,
+            "statistic": statistic if math.isfinite(statistic) else None, "p_value": p,
+            "floor": max(1 / partitions([len(g) for g in groups.values()]), 1 / (PERMUTATIONS + 1)),
+            "permutations": PERMUTATIONS, "groups": {name: len(g) for name, g in groups.items()}}
 
 
 def holm_rejected(p_values: Sequence[float], alpha: float) -> list[bool]:
@@ -79,3 +44,55 @@ def holm_rejected(p_values: Sequence[float], alpha: float) -> list[bool]:
             break
         rejected[i] = True
     return rejected
+
+
+def pseudo_f(squared: np.ndarray, labels: np.ndarray, groups: int) -> np.ndarray:
+    """PERMANOVA's pseudo-F of each labelling (rows of `labels`, a group index per point) of the points whose
+    squared distances are `squared`: the spread between the groups' centroids over the spread within them, each
+    per degree of freedom (Anderson 2001; from distances alone, so any figure's distance serves)."""
+    n = squared.shape[0]
+    total = float(squared.sum()) / (2 * n)
+    onehot = (labels[..., None] == np.arange(groups)).astype(np.float64)  # (labellings, points, groups)
+    sizes = onehot[0].sum(axis=0)
+    within = (np.einsum("bng,nm,bmg->bg", onehot, squared, onehot) / (2 * sizes)).sum(axis=1)
+    between = total - within
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return (between / (groups - 1)) / (within / (n - groups))
+
+
+def pooled_p(groups: Sequence[Sequence[Any]], distance: Callable[[Any, Any], float], key: str,
+             permutations: int = PERMUTATIONS) -> tuple[float, float]:
+    """The pooled permutation test of one end-of-training figure (docs/judge.md, 'The measured null'): each
+    framework's run and its replicates that parted are one group; under the null every end state is a draw of the
+    same training, so the framework labels are exchangeable. Returns the pseudo-F of the observed labels and its
+    p-value, the share of `permutations` random relabellings (seeded by `key`, so a run gives the same bytes) with
+    a pseudo-F at least as large, the observed one counted."""
+    points = [point for group in groups for point in group]
+    labels = np.concatenate([np.full(len(group), g) for g, group in enumerate(groups)])
+    n = len(points)
+    squared = np.zeros((n, n))
+    for i in range(n):
+        for j in range(i + 1, n):
+            squared[i, j] = squared[j, i] = float(distance(points[i], points[j])) ** 2
+    observed = float(pseudo_f(squared, labels[None], len(groups))[0])
+    if not np.isfinite(observed):  # no spread within any group: every point of a group equal
+        return observed, 1.0 if squared.sum() == 0 else 1 / (permutations + 1)
+    rng = np.random.default_rng(zlib.crc32(key.encode()))
+    larger = 0
+    for start in range(0, permutations, 1000):
+        drawn = rng.permuted(np.tile(labels, (min(1000, permutations - start), 1)), axis=1)
+        larger += int(np.count_nonzero(pseudo_f(squared, drawn, len(groups)) >= observed * (1 - 1e-12)))
+    return observed, (1 + larger) / (permutations + 1)
+
+
+def partitions(sizes: Sequence[int]) -> int:
+    """How many different splits of the pooled points into groups of these sizes there are (groups of one size
+    swapped give the same pseudo-F): 1 over it is the smallest p the pooled test could give with every
+    relabelling drawn (a null with fewer than 1 / alpha cannot reject)."""
+    ways, left = 1, sum(sizes)
+    for size in sizes:
+        ways *= math.comb(left, size)
+        left -= size
+    for size in set(sizes):
+        ways //= math.factorial(list(sizes).count(size))
+    return ways

@@ -1,10 +1,12 @@
-"""After two runs part: the replicates each framework trained (train_export's train_replicates), read back
-and tied to the run, and the rule that judges every end-of-training figure (end_of_training): within its float32
-bound it passes; beyond it, runs still in lockstep fail, and runs that parted are judged against the replicates'
-null (replicate_null), decided for the whole run at once by Ledger.judge_nulls."""
+"""After two runs part: the end-of-training replicates (the replicates stage's, for the models
+artifacts/null_plan.json names), read back and tied to their run, and the rule that judges every end-of-training
+figure (end_of_training): within its float32 bound it passes; beyond it, runs still in lockstep fail, and runs that
+parted are judged against the replicates' null (replicate_null), decided for the whole run at once by
+Ledger.judge_nulls."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -12,58 +14,75 @@ import numpy as np
 
 from pipelines import paths
 from pipelines.checks import ledger as names
-from pipelines.checks.ledger import Ledger
-from pipelines.checks.replicate_null import rank_sum_p
+from pipelines.checks.ledger import CheckError, Ledger
 from pipelines.checks.train_logs import read_step_losses
-from rosetta_common.io import read_json
+from rosetta_common.io import losses_sha256, read_json, sha256
 from rosetta_common.metrics import parting_step
 from rosetta_common.spec import Spec
 from rosetta_common.training import plan
 
 
-def read_replicates(ledger: Ledger, arch: str, fw: str, count: int, run: Path | None = None
-                    ) -> list[dict[str, Any]] | None:
-    """The run's replicates, each with its test figures, test predictions and BatchNorm running statistics; None
-    when params ask for none. `fw` names the run in the ledger ("torch", or "torch-dp" with `run` its
-    data-parallel folder); a train_export run's replicate files are among those export.json hashed, so
-    artifacts_intact has already tied them to the run."""
-    if not count:
-        return None
-    run = paths.run_dir(arch, fw) if run is None else run
+def read_plan() -> list[str]:
+    """The models artifacts/null_plan.json gives end-of-training replicates (CheckError where it is unreadable)."""
     try:
-        record = read_json(run / "replicates.json")
-        with np.load(run / "replicates.npz", allow_pickle=False) as f:
+        planned = read_json(paths.NULL_PLAN)["replicates"]
+        if not isinstance(planned, list) or not all(isinstance(m, str) for m in planned):
+            raise TypeError(f"replicates = {planned!r}: must be a list of model names")
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise CheckError(f"{paths.NULL_PLAN}: unreadable ({type(error).__name__}: {error}); the null_plan stage "
+                         "writes it") from error
+    return planned
+
+
+def read_replicates(ledger: Ledger, arch: str, fw: str, run: Path, losses: Any) -> list[dict[str, Any]] | None:
+    """The end-of-training replicates in folder `run` (the replicates stage's, or a data-parallel run's), each
+    with its test figures, test predictions and BatchNorm running statistics, checked to belong to the run whose
+    step losses are `losses` (their digest) and to the arrays their record hashed; a failure is
+    REPLICATES_READABLE under `fw` ("torch", or "torch-dp") and gives None."""
+    try:
+        record = read_json(run / paths.REPLICATES_RECORD)
+        if record["run_step_losses_sha256"] != losses_sha256(losses):
+            raise ValueError("trained from another run (its step losses' digest differs): the replicates stage is "
+                             "older than the run")
+        if record["arrays_sha256"] != sha256(run / paths.REPLICATES_ARRAYS):
+            raise ValueError(f"{paths.REPLICATES_ARRAYS} altered since the replicates were trained")
+        with np.load(run / paths.REPLICATES_ARRAYS, allow_pickle=False) as f:
             arrays = {key: f[key] for key in f.files}
         reps = [{**r, "test_predictions": arrays["test_predictions"][i],
                  "statistics": {k: v[i] for k, v in arrays.items() if k != "test_predictions"}}
                 for i, r in enumerate(record["replicates"])]
-        if len(reps) != count:
-            raise ValueError(f"{len(reps)} replicates, params.yaml replicates.count is {count}")
+        if not reps or len(arrays["test_predictions"]) != len(reps):
+            raise ValueError(f"{len(reps)} replicates, {len(arrays['test_predictions'])} test predictions")
     except (OSError, KeyError, ValueError, TypeError, IndexError) as error:
         ledger.add(arch, fw, names.REPLICATES_READABLE, None, None, False, f"{run}: {type(error).__name__}: {error}")
         return None
     return reps
 
 
+NullOf = Callable[[], dict[str, Any] | None]
+
+
 def end_of_training(ledger: Ledger, arch: str, pair: str, check: str, value: float, tolerance: float | None,
-                    parting: int | None, null: tuple[list[float], list[float]] | None) -> None:
-    """One end-of-training figure of a pair of frameworks (`null`: its cross-framework distances and the
-    within-framework ones of replicates that parted from their run, or None where there are no replicates)."""
+                    parting: int | None, null: NullOf) -> None:
+    """One end-of-training figure of a pair of runs. Within its float32 bound it passes; beyond it, runs in
+    lockstep to the end fail, and runs that parted are judged by `null()`: the test of that figure over the
+    runs and their replicates (replicate_null.pooled_null, shared by every pair it judges), None where there
+    are no replicates, which fails naming params.yaml's list."""
     if tolerance is not None and value <= tolerance:
         where = "in lockstep to the end" if parting is None else f"runs part at step {parting}"
         ledger.add(arch, pair, check, value, tolerance, True, f"{where}; within the float32 bound")
         return
-    if parting is None or null is None:
+    judged = None if parting is None else null()
+    if judged is None:
         why = ("the runs are in lockstep to the end, so the float32 bound holds" if parting is None else
                f"the runs part at step {parting} and there are no replicates to judge against (params.yaml "
-               "replicates: add the model to replicates.models)")
+               "replicates.models, artifacts/null_plan.json)")
         ledger.add(arch, pair, check, value, tolerance, False, why)
         return
-    cross, within = null
-    p = rank_sum_p(cross, within)
-    ledger.add_null(arch, pair, check, value, tolerance, {"cross": cross, "within": within, "p_value": p},
-                    f"runs part at step {parting}: cross-framework median {np.median(cross):.3g} against "
-                    f"within-framework {np.median(within):.3g} (replicates), p = {p:.3g}")
+    sizes = ", ".join(f"{name} {n}" for name, n in judged["groups"].items())
+    ledger.add_null(arch, pair, check, value, tolerance, judged,
+                    f"runs part at step {parting}: pooled permutation test over each run and its parted "
+                    f"replicates ({sizes}), pseudo-F {judged['statistic'] or 0:.3g}, p = {judged['p_value']:.3g}")
 
 
 def replicate_figures(spec: Spec, arch: str, fw: str, run: dict[str, Any], train_size: int) -> list[dict[str, Any]]:
@@ -83,9 +102,10 @@ def parted(run: dict[str, Any], tolerance: float) -> list[bool]:
             for r in run["replicates"] or []]
 
 
-def end_figures(run: dict[str, Any]) -> list[dict[str, Any]]:
-    """A run and its replicates as the same kind of record: test loss, accuracy and predictions."""
-    return [run, *(run["replicates"] or [])]
+def null_group(run: dict[str, Any], tolerance: float) -> list[dict[str, Any]]:
+    """One side of the pooled test: the run and those of its replicates that parted from it (one that never parted
+    ends where the run ends: a second copy of one draw, not a draw of its own), as the same kind of record."""
+    return [run, *(r for r, p in zip(run["replicates"] or [], parted(run, tolerance), strict=True) if p)]
 
 
 def disagreement(a: dict[str, Any], b: dict[str, Any]) -> float:

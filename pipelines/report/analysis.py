@@ -6,10 +6,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from pipelines.checks import ledger
-from pipelines.checks.replicate_null import mid_ranks
 from pipelines.report.collect import Inputs
 
 REFERENCE = "reference"  # the float64 numpy forward of rosetta_common.reference
@@ -402,32 +399,33 @@ def serving_pairs(inputs: Inputs) -> list[tuple[str, dict[str, dict[str, Any]]]]
 
 @dataclass(frozen=True)
 class NullJudgement:
-    """How the measured null judged one check (validation.json's row "null"): the rank sum of the cross-framework
-    distances among the pooled ones, its exact p-value and the p-value Holm's step-down held it to."""
+    """How the measured null judged one check (validation.json's row "null", Ledger.judge_nulls): its pooled
+    permutation test's pseudo-F, the groups it weighed, its p-value and the p-value Holm's step-down held it to."""
 
-    statistic: float  # the rank sum of the cross distances (mid-ranks over cross and within)
-    cross: int  # how many cross-framework distances
-    within: int  # how many within-framework distances
+    statistic: float | None  # the pseudo-F; None: no spread within any group
+    samples: str  # each group's size, in words
     p_value: float
     holm_threshold: float  # alpha / (family - its place among the family's p-values, smallest first)
     holm_family: int
     alpha: float
 
+    def text(self) -> str:
+        """The statistic in a few words: "pseudo-F 3.1"."""
+        return f"pseudo-F {self.statistic:.3g}" if self.statistic is not None else "pseudo-F (no spread within)"
+
 
 def null_judgements(inputs: Inputs) -> dict[tuple[str, str, str], NullJudgement]:
-    """Every null-judged check of the run, by (model, subject, check): the figures its row records, with the rank
-    sum recomputed from its two samples and its Holm threshold from the family's p-values (Ledger.judge_nulls)."""
-    rows = [r for r in (inputs.validation or {}).get("checks", []) if isinstance(r.get("null"), dict)]
+    """Every null-judged check of the run, by (model, subject, check), as its row records it."""
     alpha = inputs.spec.tolerances.null_alpha
-    order = sorted(range(len(rows)), key=lambda i: rows[i]["null"]["p_value"])
     judged = {}
-    for step, i in enumerate(order):
-        null = rows[i]["null"]
-        cross, within = list(null.get("cross", [])), list(null.get("within", []))
-        ranks = mid_ranks(np.asarray([*cross, *within], np.float64))
-        judged[(rows[i]["model"], rows[i]["framework"], rows[i]["check"])] = NullJudgement(
-            float(ranks[:len(cross)].sum()), len(cross), len(within), float(null["p_value"]),
-            alpha / (len(rows) - step), int(null.get("holm_family", len(rows))), alpha)
+    for row in (inputs.validation or {}).get("checks", []):
+        null = row.get("null")
+        if not isinstance(null, dict):
+            continue
+        samples = "runs and replicates: " + ", ".join(f"{name} {n}" for name, n in null.get("groups", {}).items())
+        judged[(row["model"], row["framework"], row["check"])] = NullJudgement(
+            null.get("statistic"), samples, float(null["p_value"]), float(null.get("threshold", alpha)),
+            int(null.get("holm_family", 1)), alpha)
     return judged
 
 

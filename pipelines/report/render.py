@@ -135,9 +135,9 @@ PARITY_NOTE = (
     "statistic and eval logit of each pair after the first steps, at a float32 bound for every model. "
     "Models with BatchNorm: its running mean "
     "and variance after training, pair by pair, from the trained canonical weights. Once two runs part "
-    "(the parting step), their end-of-training figures are judged against the spread of each framework's "
-    "replicates (the strip plots): the rank sum of the cross-framework distances, its p-value and the "
-    "threshold Holm's correction holds it to."
+    "(the parting step), a figure beyond its bound is judged against the spread of each framework's "
+    "replicates (the strip plots): one pooled permutation test per model and figure over every run and its "
+    "parted replicates, its pseudo-F, its p-value and the threshold Holm's correction holds it to."
 )
 
 

@@ -241,8 +241,8 @@ def data_parallel(inputs: Inputs) -> Table:
 
 
 def null_text(null: analysis.NullJudgement) -> str:
-    """How the measured null judged a check, in one line: the rank-sum statistic, its p-value, Holm's threshold."""
-    return f"rank sum {null.statistic:g}, p {null.p_value:.2g}, Holm {null.holm_threshold:.2g}"
+    """How the measured null judged a check, in one line: its statistic, its p-value, Holm's threshold."""
+    return f"{null.text()}, p {null.p_value:.2g}, Holm {null.holm_threshold:.2g}"
 
 
 def _judged(c: analysis.Cell) -> Cell:
@@ -373,7 +373,7 @@ def _judged_by(row: dict[str, Any], null: analysis.NullJudgement | None) -> Cell
     if null is None:
         return cell(row.get("tolerance"))
     return Cell(f"p {null.p_value:.3g} vs Holm {null.holm_threshold:.3g}",
-                sub=f"rank sum {null.statistic:g} of {null.cross} cross among {null.cross + null.within} distances; "
+                sub=f"{null.text()} ({null.samples}); "
                     f"alpha {null.alpha:g}, Holm over {null.holm_family}; float32 bound "
                     f"{fmt(row.get('tolerance'))} no longer applies")
 

@@ -5,7 +5,7 @@ same files)."""
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -15,10 +15,10 @@ import numpy as np
 
 from pipelines import paths
 from rosetta_common.data import Dataset, load_for
-from rosetta_common.errors import TrainingError
+from rosetta_common.errors import ArtifactError, TrainingError
 from rosetta_common.interface import TrainResult, load_backend
-from rosetta_common.io import write_json
-from rosetta_common.metrics import accuracy, softmax_cross_entropy
+from rosetta_common.io import losses_sha256, read_json, sha256, write_json
+from rosetta_common.metrics import accuracy, parting_step, softmax_cross_entropy
 from rosetta_common.spec import ModelConfig, Spec
 from rosetta_common.training import TrainPlan, plan
 from rosetta_common.weights import (
@@ -122,39 +122,74 @@ def replicate_start(job: Job, replicate: int) -> tuple[Weights, TrainPlan, str]:
     return init, job.plan.replicate(replicate), f"{moved}; each batch's rows in the order of replicate {replicate}"
 
 
+def planned_models(models: list[str]) -> list[str]:
+    """The models of `models` that artifacts/null_plan.json names, in params.yaml's order."""
+    try:
+        named = read_json(paths.NULL_PLAN)["replicates"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise ArtifactError(f"{paths.NULL_PLAN}: unreadable ({type(error).__name__}: {error}); "
+                            "the null_plan stage writes it (dvc repro null_plan)") from error
+    return [arch for arch in models if arch in named]
+
+
+def rebuilt(backend: ModuleType, job: Job, model: Any, init: Weights) -> Any:
+    """The job's model holding `init`: a fresh build the first time (`model` None), then the same model with its
+    weights put back (from_canonical), which the contract trains exactly as a fresh build. A replicate reuses
+    what the framework made for the last one (Keras' traced step: seconds a model).
+
+    Never the run's own model: its weights would have to be put back through to_canonical and from_canonical,
+    and a porting bug in that mapping (torch's LSTM bias given to both of its bias vectors) would then change
+    the model whose outputs, exports and taps are recorded (tests/pipeline/test_taps_localize.py plants it)."""
+    if model is None:
+        return backend.build(job.config, init)
+    backend.from_canonical(model, init)
+    return model
+
+
 def replicates(backend: ModuleType, spec: Spec, job: Job, data: Dataset, out: Path | None, where: str,
-               fit: Callable[[int, Weights, TrainPlan], tuple[Any, TrainResult]]) -> None:
-    """The measured null (params.yaml `replicates`): the same training from the init moved by one ulp
-    (rosetta_common.weights.perturbed) with each batch's rows in their own order (TrainPlan.replicate: the same
-    samples, masks and steps, other roundings every step), `replicates.count` times for each of
-    `replicates.models`, each trained by `fit(i, init, plan)` (a single process, or every worker of a
-    data-parallel run) and scored only. Into `out` (None: a
-    data-parallel worker other than rank 0, which trains and writes nothing): replicates.json with each one's test
-    figures and step losses; replicates.npz with its test predictions and BatchNorm running statistics, which
-    the validator compares within and across frameworks."""
-    count = spec.replicates.count if job.arch in spec.replicates.models else 0
-    if not count:
-        return
+               fit: Callable[[int, Weights, TrainPlan], tuple[Any, TrainResult]], own: Sequence[float]) -> None:
+    """The measured null's end-of-training replicates (params.yaml `replicates`): the same training from the init
+    moved by one ulp with each batch's rows in their own order (replicate_start), replicates 1, 2, ... each trained
+    by `fit(i, init, plan)` (a single process, or every worker of a data-parallel run: the step losses are the
+    global batch's, so every worker stops at the same one) until `replicates.parted` of them have parted from the
+    run (`own`: its step losses; rosetta_common.metrics.parting_step at tolerances.lockstep_loss_rel) or
+    `replicates.at_most` were trained. A replicate that never parts ends where the run ends and says nothing of
+    the spread. Into `out` (None: a data-parallel worker other than rank 0): replicates.json with each one's test
+    figures, step losses and parting step; replicates.npz with its test predictions and BatchNorm running
+    statistics, which the validator compares across and within frameworks."""
+    settings, tol = spec.replicates, spec.tolerances.lockstep_loss_rel
     runs, predictions, running = [], [], {}
-    for i in range(1, count + 1):
+    parted = 0
+    for i in range(1, settings.at_most + 1):
+        if parted == settings.parted:
+            break
         backend.configure(spec.seed)  # as the run itself started: only the ulp and the rows' order differ
         init, train_plan, moved = replicate_start(job, i)
         model, result = fit(i, init, train_plan)
+        check_training(result, job.plan, f"{where} replicate {i}")
+        step = parting_step(result.step_losses, own, tol)
+        parted += step is not None
         if out is None:
             continue
-        check_training(result, job.plan, f"{where} replicate {i}")
         logits = backend.predict(model, data.test_inputs)
         predictions.append(np.argmax(logits, axis=1).astype(np.int16))
         for name, value in backend.to_canonical(model).items():
             if is_statistic(name):
                 running.setdefault(name, []).append(value)
-        runs.append({"replicate": i, "perturbation": moved,
+        runs.append({"replicate": i, "perturbation": moved, "parts_from_run_at_step": step,
                      "test_accuracy": accuracy(logits, data.test_labels),
                      "test_loss": softmax_cross_entropy(logits, data.test_labels),
                      "step_losses": result.step_losses})
+        print(f"{where}: replicate {i} {'parts from the run at step ' + str(step) if step else 'never parts'} "
+              f"({parted} of {settings.parted} parted)", flush=True)
     if out is None:
         return
-    write_json(out / "replicates.json", {"framework": backend.FRAMEWORK, "model": job.arch, "count": count,
-                                         "replicates": runs})
-    with open(out / "replicates.npz", "wb") as f:
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / paths.REPLICATES_ARRAYS, "wb") as f:
         np.savez(f, test_predictions=np.stack(predictions), **{k: np.stack(v) for k, v in running.items()})
+    write_json(out / paths.REPLICATES_RECORD, {
+        "framework": backend.FRAMEWORK, "model": job.arch, "parted": parted, "trained": len(runs),
+        "wanted": {"parted": settings.parted, "at_most": settings.at_most},
+        "run_step_losses_sha256": losses_sha256(own), "arrays_sha256": sha256(out / paths.REPLICATES_ARRAYS),
+        "replicates": runs})
+

@@ -1,5 +1,6 @@
 """One worker of stage `train_dp@<framework>`: trains every model of `data_parallel.models` data-parallel on the
-framework's own engine, from the same init and plan as train_export; rank 0 writes each model's run folder.
+framework's own engine, from the same init and plan as train_export, and the end-of-training replicates of those
+artifacts/null_plan.json names; rank 0 writes each model's run folder.
 
     python -m pipelines.stages.train_dp_worker <framework>
 
@@ -22,6 +23,7 @@ from pipelines.stages import IMPORTS_STARTED, check_environment, stage_main
 from pipelines.stages.common import (
     DP_OUT_VARIABLE,
     load_jobs,
+    planned_models,
     record_training,
     replicates,
     seeded_backend,
@@ -42,6 +44,7 @@ def main(argv: list[str]) -> int:
     spec = load_spec(paths.PARAMS)
     cluster = Cluster.from_environment(fw)
     jobs = load_jobs(spec, list(spec.data_parallel.models))
+    planned = planned_models(list(spec.data_parallel.models))  # those whose pairs need the null
     backend = seeded_backend(fw, spec.seed)
     clock.lap("framework_import")
     backend.start_worker(cluster)
@@ -61,12 +64,15 @@ def main(argv: list[str]) -> int:
                 run.mkdir(parents=True)
                 record_training(backend, job, model, result, job.data, run, where, workers=cluster.world,
                                 engine=result.engine)
-            # Its replicates, each trained data-parallel by every worker (rank 0 records them): the null
-            # that judges this run against its single-process run once the two part, as for two frameworks.
-            with clock.phase(f"{job.arch}.replicates"):
-                replicates(backend, spec, job, job.data, run, where,
-                           lambda _, init, plan, job=job: backend.train_data_parallel(job.config, init, plan,
-                                                                                      job.data, cluster))
+            # For a model the null plan names, its replicates, each trained data-parallel by every worker (rank 0
+            # records them): the null that judges this run against its single-process run once the two part,
+            # by the rule two frameworks' runs are judged by.
+            if job.arch in planned:
+                with clock.phase(f"{job.arch}.replicates"):
+                    replicates(backend, spec, job, job.data, run, where,
+                               lambda _, init, plan, job=job: backend.train_data_parallel(job.config, init, plan,
+                                                                                          job.data, cluster),
+                               result.step_losses)
             if run is None:
                 continue
             measurements.write(job.arch, f"{fw}-dp", {

@@ -33,9 +33,9 @@ from pipelines.stages import IMPORTS_STARTED, framework_stage_args, stage_main
 from pipelines.stages.common import (
     Job,
     load_jobs,
+    rebuilt,
     record_training,
     replicate_start,
-    replicates,
     seeded_backend,
     steady_samples_per_second,
 )
@@ -45,8 +45,7 @@ from rosetta_common.interface import TrainResult
 from rosetta_common.io import read_json, sha256, staged_outputs, write_json
 from rosetta_common.metrics import max_abs_diff
 from rosetta_common.spec import Spec
-from rosetta_common.training import StepHook, TrainPlan
-from rosetta_common.weights import Weights
+from rosetta_common.training import StepHook
 
 
 class Checkpoints:
@@ -55,8 +54,8 @@ class Checkpoints:
     eval-mode logits of the validation batch, as checkpoints.npz. The same for each of `replicates.count`
     replicates (replicate_start), for every model, with their step losses through the lockstep window: the null
     of the lockstep checks, what the framework's own rounding does to the state in those steps
-    ("replicate<i>/..."). A replicate that trains in full for the end-of-training null (replicates.models) gives
-    its checkpoints on the way; the others train only through the last checkpoint or the window."""
+    ("replicate<i>/..."). They train only through the last checkpoint or the window (the replicates stage trains
+    those the end-of-training null needs to the end)."""
 
     def __init__(self, backend: ModuleType, spec: Spec, job: Job, batch: np.ndarray) -> None:
         self.backend, self.spec, self.job, self.batch = backend, spec, job, batch
@@ -76,7 +75,7 @@ class Checkpoints:
         return StepHook(frozenset(self.steps), record)
 
     def ran(self, replicate: int, result: TrainResult) -> None:
-        """A replicate's training ended (in full, or through the window): its window's losses."""
+        """A replicate's training through the window ended: its window's losses."""
         if len(result.step_losses) < self.window:
             raise TrainingError(f"replicate {replicate}: {len(result.step_losses)} steps, fewer than the lockstep "
                                 f"window's {self.window}")
@@ -84,12 +83,10 @@ class Checkpoints:
             result.step_losses[:self.window], np.float64)
 
     def complete(self, data: Dataset, out: Path) -> None:
-        """Train the replicates that have not run yet through the last checkpoint or the window, then write."""
+        """Train the replicates through the last checkpoint or the window, then write."""
         last = max([*self.steps, self.window])  # lockstep_checkpoints may be empty: the window is then the last
         model = None
         for replicate in range(1, self.spec.replicates.count + 1):
-            if replicate in self.states:
-                continue
             self.backend.configure(self.spec.seed)  # as the run itself started
             init, plan, _ = replicate_start(self.job, replicate)
             model = rebuilt(self.backend, self.job, model, init)
@@ -100,43 +97,12 @@ class Checkpoints:
             np.savez(f, **arrays)
 
 
-def rebuilt(backend: ModuleType, job: Job, model: Any, init: Weights) -> Any:
-    """The job's model holding `init`: a fresh build the first time (`model` None), then the same model with its
-    weights put back (from_canonical), which the contract trains exactly as a fresh build. A replicate reuses
-    what the framework made for the last one (Keras' traced step: seconds a model).
-
-    Never the run's own model: its weights would have to be put back through to_canonical and from_canonical,
-    and a porting bug in that mapping (torch's LSTM bias given to both of its bias vectors) would then change
-    the model whose outputs, exports and taps are recorded (tests/pipeline/test_taps_localize.py's trained plants)."""
-    if model is None:
-        return backend.build(job.config, init)
-    backend.from_canonical(model, init)
-    return model
-
-
 def train(backend: ModuleType, job: Job, data: Dataset, out: Path, where: str,
           checkpoints: Checkpoints) -> tuple[Any, TrainResult]:
     model = backend.build(job.config, job.init)
     result = backend.train(model, job.plan, data, checkpoints.hook(0))
     record_training(backend, job, model, result, data, out, where)
     return model, result
-
-
-def train_replicates(backend: ModuleType, spec: Spec, job: Job, data: Dataset, out: Path, where: str,
-                     checkpoints: Checkpoints) -> None:
-    """The measured null (params.yaml `replicates`, stages.common.replicates), each replicate trained as the run
-    was: from its init (one model, `rebuilt` for each), backend.train on the plan (its lockstep checkpoints taken
-    on the way)."""
-    model = None
-
-    def fit(replicate: int, init: Weights, plan: TrainPlan) -> tuple[Any, TrainResult]:
-        nonlocal model
-        model = rebuilt(backend, job, model, init)
-        result = backend.train(model, plan, data, checkpoints.hook(replicate))
-        checkpoints.ran(replicate, result)
-        return model, result
-
-    replicates(backend, spec, job, data, out, where, fit)
 
 
 def export(backend: ModuleType, job: Job, model: Any, batch: np.ndarray, out: Path,
@@ -251,8 +217,6 @@ def run_model(backend: ModuleType, spec: Spec, job: Job, data: Dataset, clock: m
         checkpoints = Checkpoints(backend, spec, job, batch)
         with clock.phase(f"{arch}.train"):
             model, result = train(backend, job, data, out, where, checkpoints)
-        with clock.phase(f"{arch}.replicates"):
-            train_replicates(backend, spec, job, data, out, where, checkpoints)
         with clock.phase(f"{arch}.checkpoints"):
             checkpoints.complete(data, out)
         initial, exported = export(backend, job, model, batch, out, clock)

@@ -23,12 +23,12 @@ from pipelines.checks.integrity import intact
 from pipelines.checks.ledger import ARTIFACTS_READABLE, Ledger
 from pipelines.checks.lockstep import lockstep_checkpoints
 from pipelines.checks.parity import running_statistics, training_parity
-from pipelines.checks.replicates import read_replicates, replicate_figures
+from pipelines.checks.replicates import read_plan, read_replicates, replicate_figures
 from pipelines.checks.serving import read_served, serving_checks
 from pipelines.checks.taps import localize, tap_figures, taps_record
 from pipelines.stages import IMPORTS_STARTED, stage_main
 from rosetta_common.data import Dataset, load_for, load_prepared
-from rosetta_common.io import write_json
+from rosetta_common.io import read_json, write_json
 from rosetta_common.spec import load_spec
 from rosetta_common.weights import load_weights
 
@@ -43,6 +43,7 @@ def main(argv: list[str]) -> int:
     images = cache["images"] if "images" in cache else load_prepared(paths.PREPARED)  # read once
     image_batch = images.validation_batch(spec.export.validation_batch_size)
     ledger = Ledger()
+    planned = read_plan()
     parity: list[dict[str, Any]] = []
     statistics: list[dict[str, Any]] = []
     lockstep: list[dict[str, Any]] = []
@@ -62,8 +63,9 @@ def main(argv: list[str]) -> int:
             judged.add((arch, fw))
             try:
                 runs[fw] = check_framework(spec, ledger, arch, fw, data, batch, record)
-                count = spec.replicates.count if arch in spec.replicates.models else 0
-                runs[fw]["replicates"] = read_replicates(ledger, arch, fw, count)
+                runs[fw]["replicates"] = (read_replicates(ledger, arch, fw, paths.replicates_run(arch, fw),
+                                                          read_json(paths.train_log(arch, fw))["step_losses"])
+                                          if arch in planned else None)
                 quality_floor(spec, ledger, arch, fw, runs[fw])
             except (OSError, KeyError, ValueError, TypeError) as error:
                 ledger.add(arch, fw, ARTIFACTS_READABLE, None, None, False, f"{type(error).__name__}: {error}")
@@ -85,7 +87,7 @@ def main(argv: list[str]) -> int:
         localize(ledger, arch, taps)
         tap_records.append(taps_record(arch, taps))
         clock.lap(arch)
-    data_parallel = data_parallel_parity(spec, ledger, cache, judged)
+    data_parallel = data_parallel_parity(spec, ledger, cache, judged, planned)
     clock.lap("data_parallel")
     ledger.judge_nulls(spec.tolerances.null_alpha)
     failures = ledger.failures()

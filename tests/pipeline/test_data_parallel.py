@@ -159,7 +159,7 @@ def test_a_port_in_use_is_one_line(dp_copy: Path, tiny_pipeline: TinyRun) -> Non
 def test_tiny_pipeline_judges_every_data_parallel_run(tiny_pipeline: TinyRun) -> None:
     """TINY switches data_parallel on (2 workers): every framework's 2-worker run matches its single-process run
     and the other frameworks' 2-worker runs, judged as two frameworks' runs are (no weaker bound for any model):
-    a model in replicates.models trains its replicates data-parallel too, for the null."""
+    a model the null plan names trains its replicates data-parallel too, for the null."""
     report = json.loads((tiny_pipeline.root / "reports/validation.json").read_text())
     rows = {(r["model"], r["framework"], r["check"]): r for r in report["checks"]}
     pairs = [f"{fw}-dp|{fw}" for fw in FRAMEWORKS] + ["torch-dp|tf-dp", "torch-dp|jax-dp", "tf-dp|jax-dp"]
@@ -170,15 +170,18 @@ def test_tiny_pipeline_judges_every_data_parallel_run(tiny_pipeline: TinyRun) ->
                 row = rows[(model, pair, check)]
                 assert row["passed"], row
         params = yaml.safe_load((tiny_pipeline.root / "params.yaml").read_text())["replicates"]
+        planned = json.loads((tiny_pipeline.root / "artifacts/null_plan.json").read_text())["replicates"]
         for fw in FRAMEWORKS:
             run = tiny_pipeline.root / f"artifacts/data_parallel/{fw}/{model}"
             log = json.loads((run / "train_log.json").read_text())
             assert log["workers"] == 2 and log["engine"], log
-            replicated = model in params["models"]
+            replicated = model in planned
             assert (run / "replicates.json").is_file() == replicated == (run / "replicates.npz").is_file(), run
-            if replicated:
+            if replicated:  # until `parted` have parted from the data-parallel run, or `at_most` were trained
                 record = json.loads((run / "replicates.json").read_text())
-                assert [r["replicate"] for r in record["replicates"]] == list(range(1, params["count"] + 1)), record
+                trained = len(record["replicates"])
+                assert [r["replicate"] for r in record["replicates"]] == list(range(1, trained + 1)), record
+                assert record["parted"] == params["parted"] or trained == params["at_most"], record
     figures = [f for f in report["data_parallel"] if "|" in f["runs"]]
     assert len(figures) == len(DP_MODELS) * len(pairs)
     # Runs still in lockstep at the end end with the same weights to float32 rounding; runs that parted (cnn's at

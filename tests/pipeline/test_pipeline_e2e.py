@@ -25,8 +25,8 @@ FRAMEWORKS = ["torch", "tf", "jax"]
 PAIRS = ["torch|tf", "torch|jax", "tf|jax"]
 LOCKSTEP_CHECKS = {"weights": "lockstep_weights_rel", "logits": "lockstep_logits_rel",
                    "running_statistics": "lockstep_running_stats_rel"}
-STAGES = {"data", "init", "serve", "validate", "report"} | {
-    f"{s}@{f}" for f in FRAMEWORKS for s in ("train_export", "train_dp")}
+STAGES = {"data", "init", "null_plan", "serve", "validate", "report"} | {
+    f"{s}@{f}" for f in FRAMEWORKS for s in ("train_export", "replicates", "train_dp")}
 # What a train_export stage publishes for each model, and nothing else: one run folder per model.
 RUN_FILES = {
     "trained.safetensors",
@@ -101,7 +101,8 @@ def test_validation_report_passes_with_every_check(tiny_pipeline: TinyRun) -> No
             assert row["value"] >= row["tolerance"], row
         elif "null" in row:  # runs that parted: judged against the replicates, not the float32 bound
             beyond = row["tolerance"] is None or row["value"] > row["tolerance"]
-            assert beyond and row["null"]["p_value"] > 0, row
+            null = row["null"]
+            assert beyond and null["p_value"] > 0 and {"test", "statistic", "floor", "threshold"} <= set(null), row
         elif row["tolerance"] is not None:
             assert row["value"] <= row["tolerance"], row
     assert len(report["training_parity"]) == len(PAIRS) * len(MODELS)
@@ -129,18 +130,27 @@ def test_validation_report_passes_with_every_check(tiny_pipeline: TinyRun) -> No
 def test_artifacts_and_measurements_are_laid_out(tiny_pipeline: TinyRun) -> None:
     root = tiny_pipeline.root
     assert sorted(p.name for p in (root / paths.ARTIFACTS).iterdir()) == sorted(
-        ["init", "data_parallel", paths.SERVED.name, *FRAMEWORKS])
+        ["init", "data_parallel", "replicates", paths.NULL_PLAN.name, paths.SERVED.name, *FRAMEWORKS])
+    # end-of-training replicates for exactly the models the null plan names, among those params.yaml lists
+    planned = json.loads((root / paths.NULL_PLAN).read_text())["replicates"]
+    assert set(planned) <= set(TINY["replicates"]["models"])
+    for f in FRAMEWORKS:
+        folder = root / paths.replicates_dir(f)
+        assert sorted(p.name for p in folder.iterdir()) == sorted([*planned, "plan.json"]), folder
+        for m in planned:
+            record = json.loads((folder / m / paths.REPLICATES_RECORD).read_text())
+            wanted = TINY["replicates"]
+            parted = [r for r in record["replicates"] if r["parts_from_run_at_step"] is not None]
+            # trained until `parted` have parted, or `at_most` were trained
+            assert len(parted) == wanted["parted"] or len(record["replicates"]) == wanted["at_most"], record
+            assert [r["replicate"] for r in record["replicates"]] == list(range(1, len(record["replicates"]) + 1))
     assert sorted(p.name for p in (root / paths.INIT).iterdir()) == sorted(f"{m}.safetensors" for m in MODELS)
     for f in FRAMEWORKS:
         assert sorted(p.name for p in (root / paths.framework_dir(f)).iterdir()) == sorted(MODELS)
     for m in MODELS:
         for f in FRAMEWORKS:
             run = root / paths.run_dir(m, f)
-            # the measured null's replicates, for the models params.yaml lists (docs/judge.md), beside the run's
-            # own files
-            replicated = m in yaml.safe_load((root / "params.yaml").read_text())["replicates"]["models"]
-            expected = RUN_FILES | ({"replicates.json", "replicates.npz"} if replicated else set())
-            assert {p.name for p in run.iterdir()} == expected, run
+            assert {p.name for p in run.iterdir()} == RUN_FILES, run
             assert any((run / "native").iterdir())
             # every file of the run but export.json itself is recorded there with its sha256
             record = json.loads((run / "export.json").read_text())
@@ -185,7 +195,7 @@ def test_artifacts_and_measurements_are_laid_out(tiny_pipeline: TinyRun) -> None
     for f in FRAMEWORKS:
         record = stages[f"train_export@{f}"]
         assert record["models"] == MODELS and record["startup"]["runner_seconds"] is not None
-        phases = ("train", "replicates", "checkpoints", "export_native", "export_onnx", "outputs")  # replicates: few
+        phases = ("train", "checkpoints", "export_native", "export_onnx", "outputs")
         # taps, then latency, after every model's export: neither may shift TF's function names in later exports
         assert list(record["phases"]) == ["inputs", "framework_import", *(f"{m}.{p}" for m in MODELS for p in phases),
                                           *(f"{m}.taps" for m in MODELS), *(f"{m}.latency" for m in MODELS)]
@@ -307,10 +317,12 @@ def edit_invalidates(tiny_pipeline: TinyRun, framework: str) -> dict[str, list]:
 
 
 def assert_invalidates_only(status: dict[str, list], framework: str) -> None:
-    """Its own stages (train_export, and train_dp, which trains with the same package), serve (whose framework
-    server runs the same package) and report (which shows each package's models.py), each for a file of that
-    package, and nothing else: no other framework's stage, not validate (which reads outputs only)."""
-    assert set(status) == {f"train_export@{framework}", f"train_dp@{framework}", "serve", "report"}, status
+    """Its own stages (train_export, and replicates and train_dp, which train with the same package), serve
+    (whose framework server runs the same package) and report (which shows each package's models.py), each for a
+    file of that package, and nothing else: no other framework's stage, not null_plan or validate (which read
+    outputs only)."""
+    assert set(status) == {f"{stage}@{framework}" for stage in ("train_export", "replicates", "train_dp")} | {
+        "serve", "report"}, status
     for stage, changes in status.items():
         changed = {dep for change in changes for dep in change.get("changed deps", {})}
         assert changed and all(dep.startswith(f"packages/{framework}_impl/") for dep in changed), (stage, changes)

@@ -39,7 +39,7 @@ from test_taps_localize import BY_ID as TAPS_BY_ID
 from test_taps_localize import Validated, round_run
 
 from pipelines.checks import ledger as names
-from support import VALIDATE, TinyRun, sh
+from support import TinyRun, retrain_and_validate
 
 TORCH_MODELS = "packages/torch_impl/src/rosetta_torch/models.py"
 TORCH_TRAIN = "packages/torch_impl/src/rosetta_torch/train.py"
@@ -129,10 +129,7 @@ def validate_round(tiny: TinyRun, root: Path, bugs: list[Bug]) -> Validated:
                 if bug.model not in retrain.setdefault(fw, []):
                     retrain[fw].append(bug.model)
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    for fw, models in retrain.items():
-        sh(["python", "-m", "pipelines.runner", fw, "--", "python", "-m", "pipelines.stages.train_export", fw,
-            *models], root, tiny.env)
-    result = sh(VALIDATE, root, tiny.env, check=False)
+    result = retrain_and_validate(root, tiny.env, retrain)
     report = json.loads((root / "reports/validation.json").read_text())
     output = f"exit {result.returncode}\n{result.stdout[-2000:]}\n{result.stderr}"
     return Validated(result.returncode, output, report["checks"], report["training_parity"],

@@ -172,12 +172,14 @@ def dp_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     env = orchestrator_env()
     copy_repo(root, env)
     params = yaml.safe_load((root / "params.yaml").read_text())
-    params = merge(params, {"models": ["mlp"], "train": {"epochs": 20}, "replicates": {"models": ["mlp"], "count": 1},
+    params = merge(params, {"models": ["mlp"], "train": {"epochs": 20},
+                            "replicates": {"models": ["mlp"], "count": 1, "parted": 1, "at_most": 1},
                             "data_parallel": {"workers": 2, "models": ["mlp"]}})
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     for stage in ("data", "init"):
         subprocess.run([sys.executable, "-m", f"pipelines.stages.{stage}"], cwd=root, env=env, check=True,
                        capture_output=True)
+    (root / "artifacts/null_plan.json").write_text(json.dumps({"replicates": ["mlp"]}))  # mlp's one replicate
     (root / "timed_collectives_worker.py").write_text(TIMED_COLLECTIVES)
     return root
 

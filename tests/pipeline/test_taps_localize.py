@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from pipelines.checks import ledger as names
-from support import VALIDATE, TinyRun, sh
+from support import TinyRun, retrain_and_validate
 
 
 @dataclass(frozen=True)
@@ -128,8 +128,8 @@ def validate_round(tiny: TinyRun, root: Path, plants: list[Plant]) -> Validated:
     """A fresh copy of the finished run with the round's plants in its source, each planted framework's
     train_export rerun for its model alone, then validate once."""
     shutil.copytree(tiny.root, root, symlinks=True)
-    # No replicates for the planted models: they judge end-of-training figures, which these tests do not
-    # look at, and would train each planted model replicates.count more times.
+    # No end-of-training replicates for the planted models: they judge end-of-training figures, which these
+    # tests do not look at.
     params = yaml.safe_load((root / "params.yaml").read_text())
     planted = {plant.model for plant in plants}
     params["replicates"]["models"] = [m for m in params["replicates"]["models"] if m not in planted]
@@ -138,12 +138,7 @@ def validate_round(tiny: TinyRun, root: Path, plants: list[Plant]) -> Validated:
     for plant in plants:
         plant.plant(root)
         planted_models.setdefault(plant.framework, []).append(plant.model)
-    # One train_export per planted framework, for its planted models alone: importing a framework costs more
-    # than training and exporting a tiny model.
-    for fw, models in planted_models.items():
-        sh(["python", "-m", "pipelines.runner", fw, "--", "python", "-m", "pipelines.stages.train_export", fw,
-            *models], root, tiny.env)
-    result = sh(VALIDATE, root, tiny.env, check=False)
+    result = retrain_and_validate(root, tiny.env, planted_models)
     report = json.loads((root / "reports/validation.json").read_text())
     output = f"exit {result.returncode}\n{result.stdout[-2000:]}\n{result.stderr}"
     return Validated(result.returncode, output, report["checks"], report["training_parity"],

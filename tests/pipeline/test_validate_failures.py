@@ -42,7 +42,7 @@ from safetensors.numpy import save as save_safetensors
 from pipelines import paths
 from pipelines.checks.ledger import PREDICTION_DISAGREEMENT
 from rosetta_common.data import Dataset, load_prepared
-from rosetta_common.io import sha256
+from rosetta_common.io import losses_sha256, sha256
 from rosetta_common.metrics import softmax_cross_entropy
 from support import VALIDATE, SavedEdits, TinyRun, replace_file, sh
 
@@ -135,6 +135,17 @@ def rehash(ws: Workspace, run_dir: Path) -> None:
     record = ws.read_json(rel)
     record["sha256"] = {name: sha256(ws.run.root / run_dir / name) for name in record["sha256"]}
     ws.write_json(rel, record)
+
+
+def retie_replicates(ws: Workspace, model: str, framework: str, losses: list[float]) -> None:
+    """Re-record in the model's end-of-training replicates (where the null plan gave it some) the digest of its
+    run's step losses, as replicates trained from that run would: a case that moves a step loss fails its own
+    check, not replicates_readable."""
+    rel = paths.replicates_run(model, framework) / paths.REPLICATES_RECORD
+    if (ws.run.root / rel).is_file():
+        record = ws.read_json(rel)
+        record["run_step_losses_sha256"] = losses_sha256(losses)
+        ws.write_json(rel, record)
 
 
 # A perturbation edits the workspace for one side and returns the rows it pushes: the rows that must fail
@@ -289,6 +300,7 @@ def step_loss(model: str, framework: str, check: str, step: int) -> Perturb:
         before = logs[framework]["step_losses"][step]
         logs[framework]["step_losses"][step] = moved_value(side, others, aim(side, *worst(rows)), relative=True)
         ws.write_json(paths.train_log(model, framework), logs[framework])
+        retie_replicates(ws, model, framework, logs[framework]["step_losses"])
         if check == "train_lockstep_loss_rel":
             # A lockstep window beyond its float32 bound is judged against the replicates' losses
             # (checks/lockstep.py): the framework's replicates move as its run does, as under a porting mistake.

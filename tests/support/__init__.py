@@ -49,6 +49,34 @@ def ran_stages(output: str) -> set[str]:
 VALIDATE = ["python", "-m", "pipelines.runner", "validation", "--", "python", "-m", "pipelines.stages.validate"]
 
 
+NULL_PLAN = ["python", "-m", "pipelines.runner", "validation", "--", "python", "-m", "pipelines.stages.null_plan"]
+
+
+def retrain_and_validate(root: Path, env: dict[str, str], retrain: dict[str, list[str]]
+                         ) -> subprocess.CompletedProcess[str]:
+    """The stages `dvc repro` reruns after a change to some runs, for those runs alone: each framework's
+    train_export for its models in `retrain` (importing a framework costs more than training a tiny model), the
+    null plan, each framework's replicates where its runs or the plan changed, then validate (not checked)."""
+    import json
+
+    import yaml
+
+    def plan() -> list[str]:
+        return json.loads((root / "artifacts/null_plan.json").read_text())["replicates"]
+
+    before = plan()
+    for fw, models in retrain.items():
+        sh(["python", "-m", "pipelines.runner", fw, "--", "python", "-m", "pipelines.stages.train_export", fw,
+            *models], root, env)
+    sh(NULL_PLAN, root, env)
+    after = plan()
+    for fw in yaml.safe_load((root / "params.yaml").read_text())["frameworks"]:
+        if after and (fw in retrain or after != before):
+            sh(["python", "-m", "pipelines.runner", fw, "--", "python", "-m", "pipelines.stages.replicates", fw],
+               root, env)
+    return sh(VALIDATE, root, env, check=False)
+
+
 def replace_file(path: Path, data: bytes) -> None:
     """Write by rename, never through the old file: should DVC ever link a workspace file to its cache, an edit
     would otherwise corrupt the cache (and with it the session's shared run)."""

@@ -1,8 +1,10 @@
 """tooling/null_power.py: the measured null's power from its design, with the validate stage's own test. Few draws
-(seconds): what is checked is that the simulation sees what the test must see, not the table's figures."""
+and relabellings (seconds): what is checked is that the simulation sees what the test must see, not the table's
+figures."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import subprocess
 import sys
@@ -10,34 +12,78 @@ import sys
 import numpy as np
 import pytest
 
+from pipelines.checks.replicate_null import pooled_p
 from support import REPO
 from tooling import null_power
 
-
-def test_the_smallest_p_is_one_split_of_all() -> None:
-    assert null_power.smallest_p(11, 20) == pytest.approx(1 / math.comb(31, 11))
+ALPHA = 0.05 / 3
 
 
-def test_a_moved_framework_is_found_and_more_replicates_find_a_smaller_shift() -> None:
-    draws = np.random.default_rng(0).standard_normal((60, 3, 11))
-    curve = null_power.power_curve(draws, [0.05 / 4])[:, 0]
-    assert curve[0] <= 0.1 and curve[-1] == 1.0  # no shift: about alpha / m; 8 sd: every draw
-    ten = null_power.shift_at(curve)
-    five = null_power.shift_at(null_power.power_curve(draws[:, :, :6], [0.05 / 4])[:, 0])
-    assert ten is not None and five is not None and 1.0 < ten < five < 8.0
+def test_the_simulated_p_is_the_validate_stages_pooled_p() -> None:
+    draws = np.random.default_rng(2).standard_normal((12, 3, 6))
+    draws[6:, 0] += 2.0
+    ours = null_power.pooled_ps(draws, null_power.relabellings(6, 199, "key"))
+    theirs = [pooled_p([list(group) for group in states], lambda a, b: abs(a - b), "key", permutations=199)[1]
+              for states in draws]
+    assert ours.tolist() == theirs
+
+
+def test_a_moved_framework_is_found_and_more_parted_replicates_find_a_smaller_shift() -> None:
+    draws = np.random.default_rng(0).standard_normal((60, 3, 6))
+    five = null_power.relabellings(6, 199)
+    curve = null_power.power_curve(draws, [ALPHA], five)[:, 0]
+    assert curve[0] <= 0.1 and curve[-1] >= null_power.POWER  # no shift: about alpha / m
+    moved = draws.copy()
+    moved[:, 0] += 8.0
+    assert (null_power.pooled_ps(moved, five) == 1 / 200).all()  # 8 sd: every draw, at the smallest p
+    shift_five = null_power.shift_at(curve)
+    three = null_power.power_curve(draws[:, :, :4], [ALPHA], null_power.relabellings(4, 199))[:, 0]
+    shift_three = null_power.shift_at(three)
+    assert shift_five is not None and shift_three is not None and 1.0 < shift_five < shift_three < 8.0
+
+
+def test_the_rank_sum_for_comparison_finds_a_moved_framework() -> None:
+    curve = null_power.power_curve(np.random.default_rng(3).standard_normal((30, 3, 11)), [ALPHA])[:, 0]
+    shift = null_power.shift_at(curve)
+    assert curve[0] <= 0.1 and shift is not None and 1.0 < shift < 8.0
 
 
 def test_a_wider_framework_fails_more_often_than_equal_ones() -> None:
-    draws = np.random.default_rng(1).standard_normal((200, 3, 11))
-    equal, wide = null_power.false_failures(draws, 1.0, [0.05])[0], null_power.false_failures(draws, 3.0, [0.05])[0]
-    assert equal <= 0.15 < wide  # any of three pairs at alpha 0.05; a 3x spread reads as a difference
+    draws = np.random.default_rng(1).standard_normal((400, 3, 6))
+    labels = null_power.relabellings(6, 199)
+    equal, wide = (null_power.false_failures(draws, spread, [ALPHA], labels)[0] for spread in (1.0, 3.0))
+    assert equal <= 0.03 < wide  # a 3x spread reads as a difference
 
 
 @pytest.mark.parametrize("argv, named", [
-    (["--count", "0"], "--count 0"), (["--samples", "5"], "--samples 5"), (["--families", "4", "0"], "--families 0"),
-    (["--spread", "0"], "--spread 0.0")])
+    (["--parted", "0"], "--parted 0"), (["--samples", "5"], "--samples 5"),
+    (["--families", "4", "0"], "--families 0"), (["--spread", "0"], "--spread 0.0")])
 def test_bad_arguments_are_one_error_line(argv: list[str], named: str) -> None:
     done = subprocess.run([sys.executable, "-m", "tooling.null_power", *argv], cwd=REPO, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.count("\n") == 1 and done.stderr.startswith(f"error: {named}: "), done.stderr
+
+
+def brute_force_p(cross: list[float], within: list[float]) -> float:
+    pooled = np.asarray([*cross, *within], np.float64)
+    ranks = null_power.mid_ranks(pooled)
+    observed = ranks[: len(cross)].sum()
+    splits = list(itertools.combinations(range(len(pooled)), len(cross)))
+    return sum(ranks[list(s)].sum() >= observed - 1e-9 for s in splits) / len(splits)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_rank_sum_p_is_the_exact_permutation_p_value_with_ties(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    cross, within = list(rng.integers(0, 4, 6).astype(float)), list(rng.integers(0, 4, 10).astype(float))
+    assert null_power.rank_sum_p(cross, within) == pytest.approx(brute_force_p(cross, within), abs=1e-12)
+
+
+def test_rank_sum_p_extremes() -> None:
+    k = 5
+    cross = [10.0 + i for i in range(k + 1)]  # every cross distance above every within one
+    within = [float(i) for i in range(2 * k)]
+    assert null_power.rank_sum_p(cross, within) == pytest.approx(1 / math.comb(3 * k + 1, k + 1))
+    assert null_power.rank_sum_p(within[: k + 1], cross + within[k + 1 :]) == pytest.approx(1.0)
+    assert null_power.rank_sum_p([0.0] * 4, [0.0] * 6) == 1.0  # all tied: no evidence either way

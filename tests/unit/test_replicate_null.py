@@ -1,57 +1,17 @@
-"""The validate stage's measured null (pipelines/checks/replicate_null.py): the exact permutation test and Holm's
+"""The validate stage's measured null (pipelines/checks/replicate_null.py): the pooled permutation test and Holm's
 procedure, against brute force and against the textbook cases."""
 
 from __future__ import annotations
 
-import itertools
 import json
-import math
 
 import numpy as np
 import pytest
 
 from pipelines.checks.ledger import Ledger
-from pipelines.checks.replicate_null import cross_and_within, holm_rejected, mid_ranks, rank_sum_p, smallest_p
-from pipelines.checks.replicates import parted
+from pipelines.checks.replicate_null import holm_rejected, partitions, pooled_null, pooled_p, pseudo_f
+from pipelines.checks.replicates import null_group, parted
 from support import run_in
-
-
-def brute_force_p(cross: list[float], within: list[float]) -> float:
-    pooled = np.asarray([*cross, *within], np.float64)
-    ranks = mid_ranks(pooled)
-    observed = ranks[: len(cross)].sum()
-    splits = list(itertools.combinations(range(len(pooled)), len(cross)))
-    return sum(ranks[list(s)].sum() >= observed - 1e-9 for s in splits) / len(splits)
-
-
-@pytest.mark.parametrize("seed", range(8))
-def test_rank_sum_p_is_the_exact_permutation_p_value_with_ties(seed: int) -> None:
-    rng = np.random.default_rng(seed)
-    cross, within = list(rng.integers(0, 4, 6).astype(float)), list(rng.integers(0, 4, 10).astype(float))
-    assert rank_sum_p(cross, within) == pytest.approx(brute_force_p(cross, within), abs=1e-12)
-
-
-def test_rank_sum_p_extremes() -> None:
-    k = 5
-    cross = [10.0 + i for i in range(k + 1)]  # every cross distance above every within one
-    within = [float(i) for i in range(2 * k)]
-    assert rank_sum_p(cross, within) == pytest.approx(1 / math.comb(3 * k + 1, k + 1))
-    assert rank_sum_p(within[: k + 1], cross + within[k + 1 :]) == pytest.approx(1.0)
-    assert rank_sum_p([0.0] * 4, [0.0] * 6) == 1.0  # all tied: no evidence either way
-
-
-def test_cross_and_within_pairs_replicate_i_with_replicate_i() -> None:
-    cross, within = cross_and_within(0.0, 1.0, [0.1, 0.2], [1.5, 1.0], lambda x, y: abs(x - y),
-                                     [True, True], [True, True])
-    assert cross == [1.0, 1.4, 0.8]
-    assert within == pytest.approx([0.1, 0.2, 0.5, 0.0])
-
-
-def test_a_replicate_still_in_lockstep_with_its_run_is_no_sample_of_chaos() -> None:
-    cross, within = cross_and_within(0.0, 1.0, [0.1, 0.2], [1.5, 1.0], lambda x, y: abs(x - y),
-                                     [False, True], [True, False])
-    assert cross == [1.0, 1.4, 0.8]
-    assert within == pytest.approx([0.2, 0.5])
 
 
 def test_parted_reads_each_replicates_step_losses_against_its_own_runs() -> None:
@@ -62,24 +22,69 @@ def test_parted_reads_each_replicates_step_losses_against_its_own_runs() -> None
     assert parted({"step_losses": [1.0], "replicates": None}, 1e-5) == []
 
 
+def brute_force_f(points: list[float], labels: list[int]) -> float:
+    """PERMANOVA's pseudo-F from its definition: sums of squares about the groups' means and the grand mean."""
+    x, g = np.asarray(points), np.asarray(labels)
+    groups = sorted(set(labels))
+    within = sum(((x[g == k] - x[g == k].mean()) ** 2).sum() for k in groups)
+    between = sum((g == k).sum() * (x[g == k].mean() - x.mean()) ** 2 for k in groups)
+    return (between / (len(groups) - 1)) / (within / (len(x) - len(groups)))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_pseudo_f_from_distances_is_the_one_way_anova_f_for_one_figure(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    points, labels = list(rng.standard_normal(12)), [0] * 4 + [1] * 5 + [2] * 3
+    x = np.asarray(points)
+    squared = (x[:, None] - x[None, :]) ** 2
+    assert pseudo_f(squared, np.asarray([labels]), 3)[0] == pytest.approx(brute_force_f(points, labels))
+
+
+def test_pooled_p_finds_a_moved_framework_and_not_equal_ones() -> None:
+    rng = np.random.default_rng(0)
+    same = [list(rng.standard_normal(6)) for _ in range(3)]
+    moved = [[v + 4.0 for v in same[0]], same[1], same[2]]
+    _, p_same = pooled_p(same, lambda a, b: abs(a - b), "same")
+    f_moved, p_moved = pooled_p(moved, lambda a, b: abs(a - b), "moved")
+    assert p_same > 0.05 and p_moved == pytest.approx(1 / 10000) and f_moved > 10
+    assert pooled_p(moved, lambda a, b: abs(a - b), "moved") == (f_moved, p_moved)  # seeded by its name
+
+
+def test_the_pooled_null_records_its_test_and_the_floor_its_groups_allow() -> None:
+    assert partitions([6, 6, 6]) == 17_153_136 // 6 and partitions([2, 1]) == 3 and partitions([2, 2]) == 3
+    null = pooled_null({"torch": [0.0, 0.1], "tf": [1.0]}, lambda a, b: abs(a - b), "cnn test_loss_rel torch|tf")
+    assert null["method"] == "pooled_permutation" and null["groups"] == {"torch": 2, "tf": 1}
+    assert null["floor"] == pytest.approx(1 / 3) and null["test"] == "cnn test_loss_rel torch|tf"
+
+
+def test_a_pooled_group_is_the_run_and_its_parted_replicates() -> None:
+    run = {"step_losses": [2.0, 1.0, 0.5], "replicates": [{"step_losses": [2.0, 1.0, 0.5], "id": 1},
+                                                         {"step_losses": [2.0, 1.1, 0.5], "id": 2}]}
+    assert [r.get("id") for r in null_group(run, 1e-5)] == [None, 2]
+
+
 def test_a_null_too_thin_to_reject_leaves_the_float32_bound_standing() -> None:
     """A null whose smallest possible p is above alpha could not reject at any step of Holm's: it cannot judge,
     so its figure fails (it is beyond its float32 bound, or no null would judge it). One that could reject at a
-    later step is judged by Holm, so a failure elsewhere does not silence it."""
-    assert smallest_p(6, 10) == pytest.approx(1 / 8008)
-    assert smallest_p(6, 0) == 1.0
+    later step is judged by Holm, so a failure elsewhere does not silence it. A test two pairs share counts once
+    in Holm's family."""
     ledger = Ledger()
-    thin = {"cross": [1.0] * 6, "within": [0.5], "p_value": 1 / 7}  # as small as one value allows
-    wide = {"cross": [0.5] * 4, "within": [0.5] * 4, "p_value": 1.0}  # smallest possible p 1/70, above alpha / 3
-    strong = {"cross": [2.0] * 6, "within": [0.1] * 10, "p_value": 1 / 8008}
-    for subject, null in (("torch|tf", thin), ("torch|jax", wide), ("tf|jax", strong)):
+    distance = lambda a, b: abs(a - b)  # noqa: E731
+    thin = pooled_null({"torch": [0.0, 0.1], "tf": [1.0, 1.1]}, distance, "thin")  # 3 splits: p at least 1/3
+    wide = pooled_null({"torch": [0.0, 0.1, 0.2, 0.3], "tf": [0.05, 0.15, 0.25, 0.35]}, distance, "wide")  # 1/35
+    rng = np.random.default_rng(0)
+    strong = pooled_null({"torch": list(rng.standard_normal(6)), "tf": list(rng.standard_normal(6) + 5),
+                          "jax": list(rng.standard_normal(6))}, distance, "strong")
+    for subject, null in (("torch|tf", thin), ("torch|jax", wide), ("torch|tf", strong), ("tf|jax", strong)):
         ledger.add_null("cnn", subject, "test_loss_rel", 0.01, 1e-3, null, "runs part")
     ledger.judge_nulls(0.05)
-    thin_check, wide_check, strong_check = ledger.checks
+    thin_check, wide_check, strong_a, strong_b = ledger.checks
+    assert thin["floor"] == pytest.approx(1 / 3) and wide["floor"] == pytest.approx(1 / 35)
     assert not thin_check.passed and "the float32 bound stands" in thin_check.detail, thin_check.detail
     assert wide_check.passed and "no larger at alpha 0.05, Holm over 3" in wide_check.detail, wide_check.detail
-    assert not strong_check.passed and "different at alpha 0.05" in strong_check.detail
+    assert not strong_a.passed and not strong_b.passed and "different at alpha 0.05" in strong_a.detail
     assert all(c.null["holm_family"] == 3 for c in ledger.checks)
+    assert strong_a.null["threshold"] == pytest.approx(0.05 / 3) and wide_check.null["threshold"] == 0.05
 
 
 def test_holm_rejects_step_down() -> None:

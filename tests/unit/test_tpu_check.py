@@ -223,11 +223,77 @@ def test_slim_keeps_what_the_validator_reads(tmp_path):
     recorded = {name: sha256(run / name) for name in ("init.onnx", "taps.npz", "native/params.msgpack",
                                                        "model.onnx", "checkpoints.npz")}
     (run / "export.json").write_text(json.dumps({"sha256": recorded}))
+    for name in ("replicates.json", "replicates.npz"):  # the end-of-training replicates, written after export.json
+        (run / name).write_bytes(name.encode())
     moved = slim(run)
     assert set(moved["left_on_host"]) == {"init.onnx", "taps.npz", "native/params.msgpack"}
     assert not (run / "native").exists() and (run / "model.onnx").is_file()
+    assert all((run / name).read_bytes() == name.encode() for name in ("replicates.json", "replicates.npz"))
     with np.load(run / "checkpoints.npz") as f:
         assert sorted(f.files) == ["replicate1/step_losses", "step1/w"]
     rewritten = moved["rewritten"]["checkpoints.npz"]
     assert rewritten["export_sha256"] == recorded["checkpoints.npz"]
     assert rewritten["sha256"] == sha256(run / "checkpoints.npz")
+
+
+
+def test_tpu_replicates_go_beside_the_run_and_the_judge_reads_them_there(tmp_path, monkeypatch):
+    """tooling/tpu_train.py trains the end-of-training replicates into the run's own folder (a fake backend: the
+    stopping rule and the files are the replicates stage's), and tooling/tpu_judge.py, in the validation
+    environment, reads the TPU subject's from its run folder, tied to its step losses by their digest; a CPU run
+    has none without artifacts/null_plan.json."""
+    import contextlib
+    import shutil
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from pipelines.stages.common import Job
+    from rosetta_common.interface import TrainResult
+    from rosetta_common.training import plan
+    from support import run_in
+    from tooling.tpu_train import train_replicates
+
+    job_plan = plan(SPEC, "mlp", 4 * SPEC.train.batch_size)
+    own = [1.0 / (1 + step) for step in range(job_plan.num_steps)]
+
+    def train(model: dict, train_plan, data) -> TrainResult:  # even replicates part from the run at step 3
+        losses = [x * (1.5 if step == 2 and train_plan.row_order % 2 == 0 else 1.0) for step, x in enumerate(own)]
+        return TrainResult(step_losses=losses, epoch_losses=[losses[-1]], train_seconds=0.0)
+
+    backend = SimpleNamespace(
+        FRAMEWORK="jax", configure=lambda seed: None, build=lambda config, init: dict(init),
+        from_canonical=lambda model, init: model.update(init), train=train, to_canonical=dict,
+        predict=lambda model, x: np.eye(10)[np.arange(len(x)) % 10])
+    data = SimpleNamespace(test_inputs=np.zeros((20, 4)), test_labels=np.arange(20) % 10)
+    job = Job("mlp", None, {"dense1.weight": np.ones((4, 3), np.float32)}, job_plan, data)
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "artifacts" / "jax" / "mlp"
+    run.mkdir(parents=True)
+    (run / "train_log.json").write_text(json.dumps({"step_losses": own}))
+    phases: list[str] = []
+    clock = SimpleNamespace(phase=lambda name: phases.append(name) or contextlib.nullcontext())
+    train_replicates(backend, SPEC, job, clock)
+    record = json.loads((run / "replicates.json").read_text())
+    wanted = SPEC.replicates
+    assert phases == ["mlp.replicates"]
+    assert record["trained"] == min(2 * wanted.parted, wanted.at_most) and record["parted"] == min(
+        wanted.parted, wanted.at_most // 2)
+    # Packed and unpacked as its own subject; the default-precision copy's log is another run's.
+    shutil.copytree(run, tmp_path / "artifacts" / "jax@tpu" / "mlp")
+    other = tmp_path / "artifacts" / "jax@tpu-default" / "mlp"
+    shutil.copytree(run, other)
+    (other / "train_log.json").write_text(json.dumps({"step_losses": own[::-1]}))
+    code = ("import json; from pipelines.checks.ledger import Ledger; from rosetta_common.spec import load_spec; "
+            "from tooling import tpu_judge as judge; "
+            f"spec = load_spec({str(REPO / 'params.yaml')!r}); ledger = Ledger(); "
+            "reps = [judge.subject_replicates(spec, ledger, 'mlp', s) for s in ('jax@tpu', 'jax@tpu-default')]; "
+            "print(json.dumps([[None if r is None else len(r) for r in reps], "
+            "[[c.subject, c.name, c.passed, c.detail] for c in ledger.checks], judge.planned_models()]))")
+    done = run_in("validation", code, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    counts, checks, planned = json.loads(done.stdout.strip().splitlines()[-1])
+    assert "mlp" in wanted.models and counts == [record["trained"], None]
+    assert [c[:3] for c in checks] == [["jax@tpu-default", "replicates_readable", False]]
+    assert "another run" in checks[0][3] and str(Path("artifacts/jax@tpu-default/mlp")) in checks[0][3]
+    assert planned == []  # no artifacts/null_plan.json: no CPU run's replicates are read

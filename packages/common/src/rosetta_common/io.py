@@ -18,6 +18,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 SCRATCH = ".rosetta"  # at the repository root, beside dvc.yaml
 
 
@@ -98,3 +100,9 @@ def sha256(path: str | os.PathLike[str]) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def losses_sha256(losses: Any) -> str:
+    """A run's step losses as one digest (their float64 bytes): what ties a folder of replicates to the run they
+    parted from."""
+    return hashlib.sha256(np.asarray(losses, np.float64).tobytes()).hexdigest()

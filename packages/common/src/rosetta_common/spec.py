@@ -348,17 +348,25 @@ class TolerancesSpec(_Section):
 
 
 class ReplicatesSpec(_Section):
-    """The measured null of chaotic training: each train_export run also trains `count` replicates of every model
-    (train and score only, no export), replicate i from the shared init with every nonzero weight moved by one
-    ulp (rosetta_common.weights.perturbed) and each batch's rows in an order of its own (TrainPlan.replicate):
-    replicate i is the same experiment in every framework. Where two frameworks' runs part, what separates a
-    framework from its own replicates is what rounding alone does to that model."""
+    """The measured null of chaotic training: replicate i of a model starts from the shared init with every
+    nonzero weight moved by one ulp (rosetta_common.weights.perturbed) and orders each batch's rows its own way
+    (TrainPlan.replicate), the same experiment in every framework. train_export trains `count` of them through the
+    lockstep window for every model (the lockstep checks' null); the replicates stage trains them to the end only
+    for the models whose runs part beyond a float32 bound (artifacts/null_plan.json), per framework until `parted`
+    have parted from its run or `at_most` were trained (docs/judge.md, 'The measured null')."""
 
-    count: Annotated[int, Field(ge=0, le=50)] = 10
-    # The models that train them: those whose runs part and whose end-of-training figures then miss their float32
-    # bounds (measured; docs/judge.md). Any other model that parts and misses a bound
-    # fails, naming this list: the list can only be too short to pass, never make a check pass.
+    count: Annotated[int, Field(ge=0, le=50)] = 5
+    parted: Annotated[int, Field(ge=1, le=50)] = 5
+    at_most: Annotated[int, Field(ge=1, le=100)] = 15
+    # The models that may train them to the end. Any other model that parts and misses a float32 bound fails,
+    # naming this list: the list can only be too short to pass, never make a check pass.
     models: list[Architecture] = []
+
+    @model_validator(mode="after")
+    def _parted_within_at_most(self) -> ReplicatesSpec:
+        if self.parted > self.at_most:
+            raise ValueError(f"parted = {self.parted}: must be at most at_most ({self.at_most})")
+        return self
 
 
 class DataParallelSpec(_Section):
