@@ -56,6 +56,8 @@ def test_learning_rate_per_model_or_one_number():
             {"quality": {"min_test_accuracy": {"mlp": 0.9, "cnn": 0.9}}},
             "quality.min_test_accuracy = {'mlp': 0.9, 'cnn': 0.9}: gives no floor for attention",
         ),
+        ({"replicates": {"parted": 6, "at_most": 5}}, "parted = 6: must be at most at_most (5)"),
+        ({"replicates": {"parted": 0}}, "replicates.parted = 0: Input should be greater than or equal to 1"),
     ],
 )
 def test_bad_values_give_one_line_naming_field_value_and_allowed(raw, expected):
