@@ -55,7 +55,7 @@ TINY = {
     # points allow p down to its 1e-4 floor, room for Holm over the nulls a planted mistake's round makes).
     # models: cnn alone, the one model whose runs part in TINY (torch|tf at step 37): every other model keeps the
     # strict end-of-training bounds (test_planted_porting_bugs' learning-rate plant in mlp meets them).
-    "replicates": {"count": 5, "parted": 3, "at_most": 6, "models": ["cnn"]},
+    "replicates": {"count": 5, "parted": 3, "at_most": 15, "models": ["cnn"]},
     # train_dp@<framework> on, two workers: mlp and cnn (cnn with its replicates, data-parallel too); attention's
     # data-parallel path is the conformance suite's (test_distributed), as every model's is.
     "data_parallel": {"workers": 2, "models": ["mlp", "cnn"]},
