@@ -74,12 +74,13 @@ def test_a_bad_address_is_one_line() -> None:
 
 @pytest.fixture(scope="module")
 def dp_copy(tiny_pipeline: TinyRun, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A copy of the checkout holding the tiny run's prepared data and init weights, with long data-parallel
-    training of one model (so that a worker can be killed mid-training)."""
+    """A copy of the checkout holding the tiny run's prepared data, init weights and null plan, with long
+    data-parallel training of one model (so that a worker can be killed mid-training)."""
     root = tmp_path_factory.mktemp("dp") / "repo"
     copy_repo(root, tiny_pipeline.env)
     for rel in ("data/prepared", "artifacts/init"):
         shutil.copytree(tiny_pipeline.root / rel, root / rel)
+    shutil.copy2(tiny_pipeline.root / "artifacts/null_plan.json", root / "artifacts/null_plan.json")
     params = yaml.safe_load((root / "params.yaml").read_text())
     params = merge(params, {"train": {"epochs": 400}, "data_parallel": {"workers": 2, "models": ["mlp"]}})
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
