@@ -28,8 +28,6 @@ from rosetta_common.training import TrainPlan, dropout_masks
 
 STEPS_PER_EXECUTION = 16
 TRICKS = {
-    "xla": "compile(jit_compile=True): XLA fuses the step (our train() keeps False: fusion changes the last bits, "
-           "and Keras switches it on whenever a GPU is present)",
     "steps_per_execution": f"compile(steps_per_execution={STEPS_PER_EXECUTION}): {STEPS_PER_EXECUTION} steps per "
                            "tf.function call (our train() keeps 1: every step's loss must be seen)",
 }
@@ -101,9 +99,7 @@ def train(model: keras.Model, data: Dataset, batch_size: int, optimizer: AdamSpe
     options: dict[str, Any] = {}
     clock = _EpochClock()
     callbacks: list[keras.callbacks.Callback] = [clock]
-    if variant == "xla":
-        options["jit_compile"] = True
-    elif variant == "steps_per_execution":
+    if variant == "steps_per_execution":
         options["steps_per_execution"] = STEPS_PER_EXECUTION
     elif variant == "step_loss":
         from rosetta_tf.train import StepLoss
