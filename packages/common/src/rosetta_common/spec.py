@@ -319,9 +319,10 @@ class TolerancesSpec(_Section):
     # Each tensor's max |a - b| over its largest magnitude; the logits' over the largest |logit|.
     lockstep_state_rel: PositiveFloat = 1e-5
     # After two runs part, an end-of-training figure that misses its strict bound below is judged against the
-    # measured null: the same figure between each framework's run and its own replicates (see
-    # ReplicatesSpec). It fails when the cross-framework values are larger than the within-framework ones by an
-    # exact one-sided permutation test at this level, Holm-corrected over every such test of the run.
+    # measured null: each framework's run and its parted replicates (ReplicatesSpec) as one group per framework.
+    # It fails when the groups differ by more than the spread within them allows: a permutation test over the
+    # framework labels (pseudo-F; pipelines/checks/replicate_null.py) at this level, Holm-corrected over the run's
+    # tests (one per model and figure).
     null_alpha: Annotated[float, Field(gt=0, lt=1)] = 0.05
     test_loss_rel: PositiveFloat = 1e-3
     test_accuracy_points: PositiveFloat = 0.6
