@@ -20,7 +20,7 @@ from rosetta_common.spec import Spec
 from rosetta_common.testing import asymmetric_weights, learnable_data, small_config, small_spec
 from rosetta_common.training import TrainPlan, dropout_masks, plan
 from rosetta_tf.models import MASK_INPUT, model_config, training_view
-from rosetta_tf.train import StepLoss, TorchAdam, make_loss, make_optimizer, run_optimizer
+from rosetta_tf.train import StepLoss, TorchAdam, make_loss, make_optimizer, run_optimizer, xla_step
 
 FORMULA_REL = 1e-6  # TorchAdam's moves vs rosetta_common.optim.adam_step, elementwise relative
 # torch's lerp for the first moment vs the reference's b1*m + (1-b1)*g: last bits of m, which only a move that
@@ -80,12 +80,12 @@ def test_step_loss_is_the_last_batch_not_a_running_mean() -> None:
 
 def _plain_loop(model: keras.Model, train_plan: TrainPlan, data: Dataset) -> list[float]:
     """The same training as a GradientTape loop over the plan's index batches (and, for a model with dropout,
-    step s's mask from common, into the training twin), fed from numpy."""
+    step s's mask from common, into the training twin), fed from numpy; compiled by XLA where fit's step is."""
     optimizer, loss_fn = make_optimizer(model, train_plan.optimizer, train_plan.num_steps), make_loss()
     masks = dropout_masks(train_plan, model_config(model))
     trainer = training_view(model)
 
-    @tf.function
+    @tf.function(jit_compile=xla_step(trainer))
     def step(inputs: object, labels: tf.Tensor) -> tf.Tensor:
         with tf.GradientTape() as tape:
             loss = loss_fn(labels, trainer(inputs, training=True))
@@ -98,6 +98,18 @@ def _plain_loop(model: keras.Model, train_plan: TrainPlan, data: Dataset) -> lis
         inputs = images if masks is None else {INPUT_NAME: images, MASK_INPUT: masks[s]}
         losses.append(float(step(inputs, data.train_labels[idx])))
     return losses
+
+
+@pytest.mark.parametrize(("arch", "compiled"), [("mlp", True), ("text_transformer", True), ("cnn", False)])
+def test_fit_compiles_its_step_with_xla_on_a_cpu_but_for_max_pooling(arch: str, compiled: bool) -> None:
+    """fit's step is XLA's on a CPU, but not the cnn's: tf2xla has no deterministic MaxPool gradient under op
+    determinism and would fail at the first step."""
+    data, config = learnable_data(n_train=32, tokens=arch == "text_transformer"), small_config(arch)
+    model = rosetta_tf.build(config, asymmetric_weights(config, 0))
+    rosetta_tf.train(model, plan(small_spec(), arch, len(data.train_labels)), data)
+    expected = compiled and not tf.config.list_physical_devices("GPU")
+    assert xla_step(training_view(model)) is expected
+    assert training_view(model).jit_compile is expected
 
 
 @pytest.mark.parametrize(("arch", "optimizer"), [("mlp", "adam"), ("mlp", "sgd"), ("resnet", "adam")])
