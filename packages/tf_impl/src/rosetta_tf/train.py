@@ -238,14 +238,19 @@ def restart(optimizer: keras.optimizers.Optimizer) -> None:
             variable.assign(np.zeros(variable.shape, variable.dtype))
 
 
+# Layers whose training step stays on TF's kernels: tf2xla refuses MaxPool's gradient under op determinism ("no
+# deterministic XLA implementation"), and XLA would re-fuse the channel sums whose order models.BatchNormalization
+# fixes (docs/conventions.md, "BatchNorm sums (TF)").
+NOT_XLA = (keras.layers.MaxPooling2D, keras.layers.BatchNormalization)
+
+
 def xla_step(trainer: keras.Model) -> bool:
-    """Whether fit's training step is compiled by XLA: on a CPU, for a model without max pooling. XLA's CPU code is
-    deterministic from one process to the next (JAX's is the same compiler) and about halves the step on 2 cores
-    (the text model's 19 ms against 9); tf2xla refuses MaxPool's gradient under op determinism ("no deterministic
-    XLA implementation"), and on a GPU some XLA kernels are not deterministic, so those steps stay TF's kernels.
-    Keras switches jit_compile off whenever op determinism is on, so train() sets it after compile."""
-    pooled = any(isinstance(layer, keras.layers.MaxPooling2D) for layer in trainer._flatten_layers())
-    return not pooled and not tf.config.list_physical_devices("GPU")
+    """Whether fit's training step is compiled by XLA: on a CPU, for a model without a NOT_XLA layer. XLA's CPU code
+    is deterministic from one process to the next (JAX's is the same compiler) and about halves the text model's
+    step on 2 cores; on a GPU some XLA kernels are not deterministic. Keras switches jit_compile off whenever op
+    determinism is on, so train() sets it after compile."""
+    kept = any(isinstance(layer, NOT_XLA) for layer in trainer._flatten_layers())
+    return not kept and not tf.config.list_physical_devices("GPU")
 
 
 def train(model: keras.Model, plan: TrainPlan, data: Dataset, hook: StepHook | None = None) -> TrainResult:
