@@ -249,8 +249,8 @@ def xla_step(trainer: keras.Model) -> bool:
     is deterministic from one process to the next (JAX's is the same compiler) and about halves the text model's
     step on 2 cores; on a GPU some XLA kernels are not deterministic. Keras switches jit_compile off whenever op
     determinism is on, so train() sets it after compile."""
-    kept = any(isinstance(layer, NOT_XLA) for layer in trainer._flatten_layers())
-    return not kept and not tf.config.list_physical_devices("GPU")
+    excluded = any(isinstance(layer, NOT_XLA) for layer in trainer._flatten_layers())
+    return not excluded and not tf.config.list_physical_devices("GPU")
 
 
 def train(model: keras.Model, plan: TrainPlan, data: Dataset, hook: StepHook | None = None) -> TrainResult:
