@@ -58,6 +58,19 @@ def replicates_run(model: str, framework: str) -> Path:
     return replicates_dir(framework) / model
 
 
+NULL_INTERIM = ARTIFACTS / "null_interim.json"  # the null_interim stage's output: the models that train more
+
+
+def replicates_more_dir(framework: str) -> Path:
+    """The replicates_more@<framework> stage's one DVC output: the replicates after the interim look."""
+    return ARTIFACTS / "replicates_more" / framework
+
+
+def replicates_more_run(model: str, framework: str) -> Path:
+    """One model's replicates after the interim look, numbered on from its replicates_run's."""
+    return replicates_more_dir(framework) / model
+
+
 REPLICATES_RECORD = "replicates.json"  # in a replicates_run, or a data-parallel run folder
 REPLICATES_ARRAYS = "replicates.npz"
 

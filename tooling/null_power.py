@@ -1,17 +1,21 @@
-"""The power of the measured null, from its design alone (no run): for params.yaml's parted replicates and alpha, the
+"""The power of the measured null, from its design alone (no run): for params.yaml's replicates and alpha, the
 smallest shift of one framework's end-of-training figure, in within-framework standard deviations, that the validate
 stage's pooled test (pipelines/checks/replicate_null.py) detects with 80 % power at Holm's first step, for each
-family size m (one test per model and figure); how often it fails a correct port; and how often when one framework's
-own spread is larger than the others'. For comparison, the shift an exact per-pair rank-sum test finds at the same
-alpha / m with ten replicates per framework, each parted (each pair's K + 1 cross against 2K within distances).
+family size m (one test per model and figure), with the interim look (`first` parted replicates a framework, the
+test accepted where p is above `futility`, else `parted` in all) and with every replicate trained at once; how often
+it fails a correct port; how often when one framework's own spread is larger than the others'; and how many
+replicates a framework trains with no bug, in expectation. For comparison, the shift an exact per-pair rank-sum test
+finds at the same alpha / m with ten replicates per framework, each parted (each pair's K + 1 cross against 2K
+within distances).
 
 The model: each framework's run and its P parted replicates end at a figure drawn from N(0, 1); a porting bug moves
 one framework's run and all its replicates by the shift; distance |a - b|. Each draw is judged by pseudo_f over the
 same 1999 seeded relabellings as pooled_p would draw them (pooled_p draws 9999): p from 1/2000, an eighth of alpha /
-12. Monte-Carlo, seeded: the same command prints the same table on any machine. docs/judge.md, 'The power of the
-null', shows its output.
+12; the interim look judges the run and its first replicates alone. Monte-Carlo, seeded: the same command prints
+the same table on any machine. docs/judge.md, 'The power of the null', shows its output.
 
-    python -m tooling.null_power [--samples 2000] [--families 3 6 12] [--parted P] [--spread 3]
+    python -m tooling.null_power [--samples 2000] [--families 3 6 12] [--parted P] [--first F] [--futility B]
+                                 [--spread 3]
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import argparse
 import sys
 import zlib
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -39,10 +44,22 @@ SHIFTS = np.round(np.arange(0.0, 8.01, 0.25), 2)  # within-framework sd; beyond 
 RANK_SUM_K = 10  # the per-pair rank sum's replicates per framework, for comparison
 
 
-def design() -> tuple[int, int, float]:
-    """params.yaml's parted replicates per framework, the comparison's replicates, and the null's alpha."""
+@dataclass(frozen=True)
+class Design:
+    """params.yaml's null: parted replicates per framework in all, those before the interim look, its futility
+    boundary, and alpha."""
+
+    parted: int
+    first: int
+    futility: float
+    alpha: float
+
+
+def design() -> Design:
     params = yaml.safe_load((REPO / "params.yaml").read_text())
-    return int(params["replicates"]["parted"]), RANK_SUM_K, float(params["tolerances"]["null_alpha"])
+    replicates = params["replicates"]
+    return Design(int(replicates["parted"]), int(replicates["first"]), float(replicates["futility"]),
+                  float(params["tolerances"]["null_alpha"]))
 
 
 def relabellings(points: int, count: int = RELABELLINGS, key: str = KEY) -> np.ndarray:
@@ -62,6 +79,27 @@ def pooled_ps(draws: np.ndarray, labels: np.ndarray) -> np.ndarray:
         f = pseudo_f((points[:, None] - points[None, :]) ** 2, labels, FRAMEWORKS)
         p[i] = (1 + np.count_nonzero(f[1:] >= f[0] * (1 - 1e-12))) / len(labels)
     return p
+
+
+@dataclass(frozen=True)
+class Interim:
+    """The interim look of a group-sequential design: the relabellings of the run and its first replicates a
+    framework, and the futility boundary above which the test is accepted there."""
+
+    first: int
+    labels: np.ndarray
+    futility: float
+
+
+def sequential_ps(draws: np.ndarray, labels: np.ndarray, interim: Interim) -> tuple[np.ndarray, np.ndarray]:
+    """Each draw's p-value under the interim look (its interim p where that is above the futility boundary, else
+    the p of every replicate) and whether it went on to more replicates."""
+    early = pooled_ps(draws[:, :, :interim.first + 1], interim.labels)
+    more = early <= interim.futility
+    p = early.copy()
+    if more.any():
+        p[more] = pooled_ps(draws[more], labels)
+    return p, more
 
 
 def mid_ranks(values: np.ndarray) -> np.ndarray:
@@ -107,15 +145,16 @@ def rank_sum_model_p(states: np.ndarray) -> float:
 
 
 def power_curve(draws: np.ndarray, alphas: Sequence[float], labels: np.ndarray | None = None,
-                desc: str = "pooled") -> np.ndarray:
+                desc: str = "pooled", interim: Interim | None = None) -> np.ndarray:
     """(shifts x alphas): the share of draws in which the moved framework is found at each alpha, by the pooled test
-    over `labels` or, without them, by the per-pair rank sum; from shift 0 up to the first shift where every alpha
-    has POWER (the rows beyond are not needed)."""
+    over `labels` (after `interim`'s look, where given) or, without them, by the per-pair rank sum; from shift 0 up
+    to the first shift where every alpha has POWER (the rows beyond are not needed)."""
     rows = []
     for shift in tqdm(SHIFTS, desc=desc, unit="shift", file=sys.stderr):
         moved = draws.copy()
         moved[:, 0] += shift
-        p = pooled_ps(moved, labels) if labels is not None else np.array([rank_sum_model_p(s) for s in moved])
+        p = (np.array([rank_sum_model_p(s) for s in moved]) if labels is None else
+             sequential_ps(moved, labels, interim)[0] if interim is not None else pooled_ps(moved, labels))
         rows.append([(p <= alpha).mean() for alpha in alphas])
         if min(rows[-1]) >= POWER:
             break
@@ -134,12 +173,13 @@ def shift_at(curve: np.ndarray) -> float | None:
     return float(SHIFTS[i - 1] + (POWER - lo) / (hi - lo) * (SHIFTS[i] - SHIFTS[i - 1]))
 
 
-def false_failures(draws: np.ndarray, spread: float, alphas: Sequence[float], labels: np.ndarray) -> list[float]:
-    """With no bug but framework 0's spread `spread` times the others': how often the pooled test fails at each
-    alpha."""
+def false_failures(draws: np.ndarray, spread: float, alphas: Sequence[float], labels: np.ndarray,
+                   interim: Interim | None = None) -> list[float]:
+    """With no bug but framework 0's spread `spread` times the others': how often the pooled test (after
+    `interim`'s look, where given) fails at each alpha."""
     wide = draws.copy()
     wide[:, 0] *= spread
-    p = pooled_ps(wide, labels)
+    p = sequential_ps(wide, labels, interim)[0] if interim is not None else pooled_ps(wide, labels)
     return [float((p <= alpha).mean()) for alpha in alphas]
 
 
@@ -149,33 +189,45 @@ def found(curve: np.ndarray, alpha: float, floor: float) -> str:
         f"> {SHIFTS[-1]:g} sd" if shift is None else f"{shift:.2f} sd"
 
 
-def table(parted: int, count: int, alpha: float, families: Sequence[int], samples: int, spread: float,
-          seed: int = 0) -> str:
+def table(null: Design, count: int, families: Sequence[int], samples: int, spread: float, seed: int = 0) -> str:
     rng = np.random.default_rng(seed)
-    draws = rng.standard_normal((samples, FRAMEWORKS, parted + 1))
+    draws = rng.standard_normal((samples, FRAMEWORKS, null.parted + 1))
     ranked = rng.standard_normal((samples, FRAMEWORKS, count + 1))
-    labels = relabellings(parted + 1)
-    alphas = [alpha / m for m in families]
-    curve = power_curve(draws, alphas, labels)
-    wrong = false_failures(draws, spread, alphas, labels)
+    labels = relabellings(null.parted + 1)
+    interim = Interim(null.first, relabellings(null.first + 1), null.futility)
+    alphas = [null.alpha / m for m in families]
+    curve = power_curve(draws, alphas, labels, "interim look", interim)
+    at_once = power_curve(draws, alphas, labels, "at once")
+    wrong = false_failures(draws, 1.0, alphas, labels, interim)
+    wide = false_failures(draws, spread, alphas, labels, interim)
     ranked_curve = power_curve(ranked, alphas, desc="rank sum")
+    more = float(sequential_ps(draws, labels, interim)[1].mean())
     floor = 1 / len(labels)
-    lines = [f"P = {parted} parted replicates per framework ({parted + 1} points a group), alpha {alpha:g}, "
-             f"{samples} draws, {RELABELLINGS} relabellings: smallest p {floor:.3g}", "",
-             f"| family size m | alpha / m | shift found with 80 % power | false failures | false failures, one "
-             f"framework's spread x{spread:g} | per-pair rank sum, K = {count}: shift found |",
-             "| --: | --: | --: | --: | --: | --: |"]
+    lines = [f"P = {null.parted} parted replicates per framework ({null.parted + 1} points a group), the interim look "
+             f"after {null.first} (accepting p above {null.futility:g}), alpha {null.alpha:g}, {samples} draws, "
+             f"{RELABELLINGS} relabellings: smallest p {floor:.3g}. With no bug the look sends a test on {more:.3f} "
+             f"of the time: {null.first + more * (null.parted - null.first):.2f} parted replicates a framework in "
+             "expectation, for a model with one test.", "",
+             f"| family size m | alpha / m | shift found with 80 % power | all {null.parted} at once: shift found | "
+             f"false failures | false failures, one framework's spread x{spread:g} | per-pair rank sum, K = {count}: "
+             "shift found |",
+             "| --: | --: | --: | --: | --: | --: | --: |"]
     for j, m in enumerate(families):
-        lines.append(f"| {m} | {alphas[j]:.4g} | {found(curve[:, j], alphas[j], floor)} | {curve[0, j]:.3f} | "
-                     f"{wrong[j]:.3f} | {found(ranked_curve[:, j], alphas[j], 0.0)} |")
+        lines.append(f"| {m} | {alphas[j]:.4g} | {found(curve[:, j], alphas[j], floor)} | "
+                     f"{found(at_once[:, j], alphas[j], floor)} | {wrong[j]:.3f} | {wide[j]:.3f} | "
+                     f"{found(ranked_curve[:, j], alphas[j], 0.0)} |")
     return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parted, count, alpha = design()
+    null = design()
     parser = argparse.ArgumentParser(prog="python -m tooling.null_power", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--parted", type=int, default=parted,
-                        help=f"parted replicates per framework (params.yaml: {parted})")
+    parser.add_argument("--parted", type=int, default=null.parted,
+                        help=f"parted replicates per framework (params.yaml: {null.parted})")
+    parser.add_argument("--first", type=int, default=null.first,
+                        help=f"parted replicates per framework before the interim look (params.yaml: {null.first})")
+    parser.add_argument("--futility", type=float, default=null.futility,
+                        help=f"the interim look accepts p above this (params.yaml: {null.futility})")
     parser.add_argument("--samples", type=int, default=2000, help="Monte-Carlo draws (default 2000)")
     parser.add_argument("--families", type=int, nargs="+", default=[3, 6, 12], help="Holm family sizes m")
     parser.add_argument("--spread", type=float, default=3.0, help="one framework's spread over the others'")
@@ -183,11 +235,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     problems = [f"--parted {args.parted}: must be a whole number, at least 1" if args.parted < 1 else "",
                 f"--samples {args.samples}: must be a whole number, at least 10" if args.samples < 10 else "",
                 f"--families {min(args.families)}: each family size at least 1" if min(args.families) < 1 else "",
-                f"--spread {args.spread}: must be above 0" if not args.spread > 0 else ""]
+                f"--spread {args.spread}: must be above 0" if not args.spread > 0 else "",
+                f"--first {args.first}: must be a whole number from 1 to --parted ({args.parted})"
+                if not 1 <= args.first <= args.parted else "",
+                f"--futility {args.futility}: must be above 0 and at most 1" if not 0 < args.futility <= 1 else ""]
     for problem in filter(None, problems):
         print(f"error: {problem}", file=sys.stderr)
         return 2
-    print(table(args.parted, count, alpha, args.families, args.samples, args.spread))
+    print(table(Design(args.parted, args.first, args.futility, null.alpha), RANK_SUM_K, args.families, args.samples,
+                args.spread))
     return 0
 
 

@@ -51,10 +51,11 @@ TINY = {
     "quality": {"min_test_accuracy": {"mlp": 0.5, "cnn": 0.5, "attention": 0.3, "resnet": 0.3, "lstm": 0.3,
                                       "gru": 0.3, "text_transformer": 0.5}},
     "export": {"validation_batch_size": 16, "parity_batch_sizes": [1, 7, 1024]},
-    # count: 5 lockstep-window replicates, as params.yaml. parted: 3 to the end per framework (the pooled test's 12
-    # points allow p down to its 1e-4 floor, room for Holm over the nulls a planted mistake's round makes); at_most
-    # 30: the data-parallel cnn replicates part from their run about one time in four (3 of 9 to 3 of 12 on an
-    # Intel Xeon), and a group of the run and one parted replicate is a null too thin to judge.
+    # count: 5 lockstep-window replicates, as params.yaml. first: 2 to the end per framework before the interim look
+    # (params.yaml's); where it leaves the cnn undecided, parted: 3 in all (the pooled test's 12 points allow p down
+    # to its 1e-4 floor, room for Holm over the nulls a planted mistake's round makes); at_most 30: the
+    # data-parallel cnn replicates part from their run about one time in four (3 of 9 to 3 of 12 on an Intel Xeon),
+    # and a group of the run and one parted replicate is a null too thin to judge.
     # models: cnn alone, the one model whose runs part in TINY (torch|tf at step 37): every other model keeps the
     # strict end-of-training bounds (test_planted_porting_bugs' learning-rate plant in mlp meets them).
     "replicates": {"count": 5, "parted": 3, "at_most": 30, "models": ["cnn"]},

@@ -23,7 +23,7 @@ from pipelines import paths
 from pipelines.checks import ledger as names
 from pipelines.checks.ledger import Ledger
 from pipelines.checks.parity import Side, judge_end, judge_pair, pair_figures, shared_nulls
-from pipelines.checks.replicates import read_replicates
+from pipelines.checks.replicates import all_replicates, read_replicates
 from pipelines.checks.train_logs import read_step_losses
 from rosetta_common.data import Dataset, load_for
 from rosetta_common.errors import RosettaError
@@ -52,10 +52,11 @@ def end_record(side: Side, predictions: np.ndarray, reps: list[dict[str, Any]] |
 
 
 def data_parallel_parity(spec: Spec, ledger: Ledger, cache: dict[str, Dataset],
-                         intact: set[tuple[str, str]], planned: list[str]) -> list[dict[str, Any]]:
+                         intact: set[tuple[str, str]], planned: list[str], more: list[str]) -> list[dict[str, Any]]:
     """Figures per (model, pair) and checks into `ledger`; nothing when data-parallel training is off. A
     single-process run not in `intact` (it failed artifacts_intact) is compared with nothing, as in validate;
-    `planned`: the models with end-of-training replicates (artifacts/null_plan.json)."""
+    `planned`: the models with end-of-training replicates (artifacts/null_plan.json), `more`: those with more after
+    the interim look (artifacts/null_interim.json)."""
     dp = spec.data_parallel
     if dp.workers == 1:
         return []
@@ -71,7 +72,7 @@ def data_parallel_parity(spec: Spec, ledger: Ledger, cache: dict[str, Dataset],
                 if (arch, fw) in intact:
                     side, predicted = read_run(paths.train_log(arch, fw), paths.trained_weights(arch, fw), config,
                                                train_plan, data, 1)
-                    reps = (read_replicates(ledger, arch, fw, paths.replicates_run(arch, fw), side.losses)
+                    reps = (all_replicates(ledger, arch, fw, side.losses, arch in more, spec.replicates.at_most)
                             if arch in planned else None)
                     single[fw] = (side, end_record(side, predicted, reps))
                 run = paths.data_parallel_run(arch, fw)

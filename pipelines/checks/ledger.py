@@ -177,12 +177,14 @@ class Ledger:
         (Holm); until then it stands failed."""
         self.checks.append(Check(name, model, subject, value, tolerance, False, detail, null))
 
-    def judge_nulls(self, alpha: float) -> None:
+    def judge_nulls(self, alpha: float, futility: float | None = None) -> None:
         """Decide every null-judged check together: Holm's step-down at `alpha` over the run's tests (a test
         judged several pairs, replicate_null.pooled_null, counts once). A null that could not reject at any step
         of Holm's (the smallest p its samples allow, its "floor", above `alpha`: too few replicates parted)
-        cannot judge: its figure stays held to the float32 bound it exceeded, and fails. Each row's "null" gets
-        its test's Holm threshold and the family's size."""
+        cannot judge: its figure stays held to the float32 bound it exceeded, and fails. A test of the interim
+        look (its null's `look`) enters with its interim p, which the look found above `futility`; one at or
+        below it should have trained more replicates, and fails. Each row's "null" gets its test's Holm
+        threshold and the family's size."""
         at = [i for i, check in enumerate(self.checks) if check.null is not None]
         tests: dict[str, float] = {}
         for i in at:
@@ -200,8 +202,15 @@ class Ledger:
                            f"{null['floor']:.3g}, is above alpha {alpha}, so the null cannot judge and the float32 "
                            "bound stands")
                 different = True
+            elif null.get("look") == "interim" and futility is not None and null["p_value"] <= futility:
+                verdict = (f"p {null['p_value']:.3g} at the interim look is at most the futility boundary "
+                           f"{futility}, yet no more replicates were trained: artifacts/null_interim.json is older "
+                           "than the replicates")
+                different = True
             else:
                 verdict = f"{'different' if different else 'no larger'} at alpha {alpha}, Holm over {len(keys)}"
+                if null.get("look") == "interim":
+                    verdict += f"; accepted at the interim look (p above the futility boundary {futility})"
             self.checks[i] = replace(check, passed=not different,
                                      null={**null, "threshold": threshold[null["test"]], "holm_family": len(keys)},
                                      detail=f"{check.detail}; {verdict}")

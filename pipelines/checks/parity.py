@@ -116,7 +116,8 @@ def shared_nulls(arch: str, runs: dict[str, dict[str, Any]], tolerance: float, p
                  ) -> Callable[[str], NullOf]:
     """Per end-of-training figure, its null over `runs` (each side's run and its parted replicates,
     replicates.null_group): one pooled test that every pair of those runs shares, computed the first time a pair
-    needs it (None where a side has no replicates). `pair` names the test of a pair that is judged alone (a
+    needs it (None where a side has no replicates), marked `look` "interim" where every run holds only the
+    replicates of the interim look (its "interim" key). `pair` names the test of a pair that is judged alone (a
     data-parallel run and another run)."""
     done: dict[str, dict[str, Any] | None] = {}
 
@@ -129,6 +130,8 @@ def shared_nulls(arch: str, runs: dict[str, dict[str, Any]], tolerance: float, p
                     groups = {fw: null_group(run, tolerance) for fw, run in runs.items()}
                     done[key] = pooled_null(groups, distance or END_OF_TRAINING[key],
                                             f"{arch} {key} {pair or '|'.join(runs)}")
+                    if all(run.get("interim") for run in runs.values()):  # the interim look's samples only
+                        done[key]["look"] = "interim"
             return done[key]
         return null
 

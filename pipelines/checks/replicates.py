@@ -17,7 +17,7 @@ from pipelines.checks import ledger as names
 from pipelines.checks.ledger import CheckError, Ledger
 from pipelines.checks.train_logs import read_step_losses
 from rosetta_common.io import losses_sha256, read_json, sha256
-from rosetta_common.metrics import parting_step
+from rosetta_common.metrics import accuracy, parting_step, softmax_cross_entropy
 from rosetta_common.spec import Spec
 from rosetta_common.training import plan
 
@@ -32,6 +32,49 @@ def read_plan() -> list[str]:
         raise CheckError(f"{paths.NULL_PLAN}: unreadable ({type(error).__name__}: {error}); the null_plan stage "
                          "writes it") from error
     return planned
+
+
+def read_interim() -> list[str]:
+    """The models artifacts/null_interim.json sends on to more replicates (CheckError where it is unreadable)."""
+    try:
+        more = read_json(paths.NULL_INTERIM)["more"]
+        if not isinstance(more, list) or not all(isinstance(m, str) for m in more):
+            raise TypeError(f"more = {more!r}: must be a list of model names")
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise CheckError(f"{paths.NULL_INTERIM}: unreadable ({type(error).__name__}: {error}); the null_interim "
+                         "stage writes it") from error
+    return more
+
+
+def end_figures(arch: str, fw: str, data: Any) -> dict[str, Any]:
+    """A run's test figures as validate computes them: from the framework's own test logits (native_outputs.npz)."""
+    with np.load(paths.native_outputs(arch, fw), allow_pickle=False) as f:
+        logits = f["test_logits"]
+    return {"test_accuracy": accuracy(logits, data.test_labels),
+            "test_loss": softmax_cross_entropy(logits, data.test_labels),
+            "test_predictions": np.argmax(logits, axis=1), "replicates": None}
+
+
+def all_replicates(ledger: Ledger, arch: str, fw: str, losses: Any, more: bool, at_most: int
+                   ) -> list[dict[str, Any]] | None:
+    """A model's end-of-training replicates in `fw`: the replicates stage's, then, where the interim look sent the
+    model on (`more`), the replicates_more stage's, numbered on from them (none there only where the first stage
+    trained `at_most` already); a gap or a missing folder is REPLICATES_READABLE, and gives None."""
+    first = read_replicates(ledger, arch, fw, paths.replicates_run(arch, fw), losses)
+    if first is None or not more:
+        return first
+    folder = paths.replicates_more_run(arch, fw)
+    if not (folder / paths.REPLICATES_RECORD).exists() and len(first) >= at_most:
+        return first
+    rest = read_replicates(ledger, arch, fw, folder, losses)
+    if rest is None:
+        return None
+    numbers = [r["replicate"] for r in first + rest]
+    if numbers != list(range(1, len(numbers) + 1)):
+        ledger.add(arch, fw, names.REPLICATES_READABLE, None, None, False,
+                   f"{folder}: replicates {numbers}: must be numbered on from the first stage's, without a gap")
+        return None
+    return first + rest
 
 
 def read_replicates(ledger: Ledger, arch: str, fw: str, run: Path, losses: Any) -> list[dict[str, Any]] | None:

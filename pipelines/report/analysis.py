@@ -423,6 +423,8 @@ def null_judgements(inputs: Inputs) -> dict[tuple[str, str, str], NullJudgement]
         if not isinstance(null, dict):
             continue
         samples = "runs and replicates: " + ", ".join(f"{name} {n}" for name, n in null.get("groups", {}).items())
+        if null.get("look") == "interim":
+            samples += " (the interim look's)"
         judged[(row["model"], row["framework"], row["check"])] = NullJudgement(
             null.get("statistic"), samples, float(null["p_value"]), float(null.get("threshold", alpha)),
             int(null.get("holm_family", 1)), alpha)

@@ -5,6 +5,7 @@ same files)."""
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -132,6 +133,45 @@ def planned_models(models: list[str]) -> list[str]:
     return [arch for arch in models if arch in named]
 
 
+def interim_continued(models: list[str]) -> list[str]:
+    """The models of `models` that artifacts/null_interim.json sends on to more replicates, in params.yaml's order."""
+    try:
+        named = read_json(paths.NULL_INTERIM)["more"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise ArtifactError(f"{paths.NULL_INTERIM}: unreadable ({type(error).__name__}: {error}); "
+                            "the null_interim stage writes it (dvc repro null_interim)") from error
+    return [arch for arch in models if arch in named]
+
+
+def replicates_stage(stage: str, fw: str, models: list[str], spec: Spec, clock: Any, out: Path, wanted: int,
+                     after: Callable[[str], tuple[int, int]]) -> None:
+    """A replicates stage's work in `fw`'s environment: for each of `models`, replicates trained to the end
+    (`replicates`, until `wanted` have parted, numbered on from `after(model)`: (trained, parted) before), into
+    out/<model>/, and out/plan.json naming the models. With no model the framework is never imported."""
+    jobs = load_jobs(spec, models)
+    clock.lap("inputs")
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / "plan.json", {"framework": fw, "models": models})
+    if not jobs:
+        print(f"{stage}@{fw}: no model to train replicates for", flush=True)
+    backend = seeded_backend(fw, spec.seed) if jobs else None
+    clock.lap("framework_import")
+    for job in jobs:
+        where = f"{stage}@{fw} {job.arch}"
+        own = read_json(paths.train_log(job.arch, fw))["step_losses"]  # train_export checked them
+        model = None
+
+        def fit(replicate: int, init: Weights, plan: Any, job: Job = job) -> Any:
+            nonlocal model
+            model = rebuilt(backend, job, model, init)
+            return model, backend.train(model, plan, job.data)
+
+        started = time.time()
+        with clock.phase(f"{job.arch}.replicates"):
+            replicates(backend, spec, job, job.data, out / job.arch, where, fit, own, wanted, after(job.arch))
+        print(f"{where}: done in {time.time() - started:.1f}s", flush=True)
+
+
 def rebuilt(backend: ModuleType, job: Job, model: Any, init: Weights) -> Any:
     """The job's model holding `init`: a fresh build the first time (`model` None), then the same model with its
     weights put back (from_canonical), which the contract trains exactly as a fresh build. A replicate reuses
@@ -147,21 +187,23 @@ def rebuilt(backend: ModuleType, job: Job, model: Any, init: Weights) -> Any:
 
 
 def replicates(backend: ModuleType, spec: Spec, job: Job, data: Dataset, out: Path | None, where: str,
-               fit: Callable[[int, Weights, TrainPlan], tuple[Any, TrainResult]], own: Sequence[float]) -> None:
+               fit: Callable[[int, Weights, TrainPlan], tuple[Any, TrainResult]], own: Sequence[float],
+               wanted: int, after: tuple[int, int] = (0, 0)) -> None:
     """The measured null's end-of-training replicates (params.yaml `replicates`): the same training from the init
     moved by one ulp with each batch's rows in their own order (replicate_start), replicates 1, 2, ... each trained
     by `fit(i, init, plan)` (a single process, or every worker of a data-parallel run: the step losses are the
-    global batch's, so every worker stops at the same one) until `replicates.parted` of them have parted from the
-    run (`own`: its step losses; rosetta_common.metrics.parting_step at tolerances.lockstep_loss_rel) or
-    `replicates.at_most` were trained. A replicate that never parts ends where the run ends and says nothing of
-    the spread. Into `out` (None: a data-parallel worker other than rank 0): replicates.json with each one's test
-    figures, step losses and parting step; replicates.npz with its test predictions and BatchNorm running
-    statistics, which the validator compares across and within frameworks."""
+    global batch's, so every worker stops at the same one) until `wanted` of them have parted from the run (`own`:
+    its step losses; rosetta_common.metrics.parting_step at tolerances.lockstep_loss_rel) or `replicates.at_most`
+    were trained. `after` (trained, parted): replicates an earlier stage trained, so numbering and counting go on
+    from there. A replicate that never parts ends where the run ends and says nothing of the spread. Into `out`
+    (None: a data-parallel worker other than rank 0): replicates.json with each one's test figures, step losses
+    and parting step; replicates.npz with its test predictions and BatchNorm running statistics, which the
+    validator compares across and within frameworks."""
     settings, tol = spec.replicates, spec.tolerances.lockstep_loss_rel
     runs, predictions, running = [], [], {}
-    parted = 0
-    for i in range(1, settings.at_most + 1):
-        if parted == settings.parted:
+    trained_before, parted = after
+    for i in range(trained_before + 1, settings.at_most + 1):
+        if parted >= wanted:
             break
         backend.configure(spec.seed)  # as the run itself started: only the ulp and the rows' order differ
         init, train_plan, moved = replicate_start(job, i)
@@ -181,15 +223,15 @@ def replicates(backend: ModuleType, spec: Spec, job: Job, data: Dataset, out: Pa
                      "test_loss": softmax_cross_entropy(logits, data.test_labels),
                      "step_losses": result.step_losses})
         print(f"{where}: replicate {i} {'parts from the run at step ' + str(step) if step else 'never parts'} "
-              f"({parted} of {settings.parted} parted)", flush=True)
-    if out is None:
+              f"({parted} of {wanted} parted)", flush=True)
+    if out is None or not runs:
         return
     out.mkdir(parents=True, exist_ok=True)
     with open(out / paths.REPLICATES_ARRAYS, "wb") as f:
         np.savez(f, test_predictions=np.stack(predictions), **{k: np.stack(v) for k, v in running.items()})
     write_json(out / paths.REPLICATES_RECORD, {
-        "framework": backend.FRAMEWORK, "model": job.arch, "parted": parted, "trained": len(runs),
-        "wanted": {"parted": settings.parted, "at_most": settings.at_most},
+        "framework": backend.FRAMEWORK, "model": job.arch, "parted": parted, "trained": trained_before + len(runs),
+        "wanted": {"parted": wanted, "at_most": settings.at_most},
         "run_step_losses_sha256": losses_sha256(own), "arrays_sha256": sha256(out / paths.REPLICATES_ARRAYS),
         "replicates": runs})
 

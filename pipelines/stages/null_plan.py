@@ -13,28 +13,15 @@ so runs that move without changing the plan leave the replicates cached. Runs in
 
 from __future__ import annotations
 
-from typing import Any
-
-import numpy as np
-
 from pipelines import measurements, paths
 from pipelines.checks import ledger as names
 from pipelines.checks.ledger import Ledger
 from pipelines.checks.parity import running_statistics, training_parity
+from pipelines.checks.replicates import end_figures
 from pipelines.stages import IMPORTS_STARTED, stage_main
 from rosetta_common.data import Dataset, load_for
 from rosetta_common.io import write_json
-from rosetta_common.metrics import accuracy, softmax_cross_entropy
 from rosetta_common.spec import Spec, load_spec
-
-
-def end_figures(arch: str, fw: str, data: Dataset) -> dict[str, Any]:
-    """A run's test figures as validate computes them: from the framework's own test logits (native_outputs.npz)."""
-    with np.load(paths.native_outputs(arch, fw), allow_pickle=False) as f:
-        logits = f["test_logits"]
-    return {"test_accuracy": accuracy(logits, data.test_labels),
-            "test_loss": softmax_cross_entropy(logits, data.test_labels),
-            "test_predictions": np.argmax(logits, axis=1), "replicates": None}
 
 
 def beyond_after_parting(spec: Spec, arch: str, data: Dataset) -> list[str]:

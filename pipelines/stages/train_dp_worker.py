@@ -66,13 +66,13 @@ def main(argv: list[str]) -> int:
                                 engine=result.engine)
             # For a model the null plan names, its replicates, each trained data-parallel by every worker (rank 0
             # records them): the null that judges this run against its single-process run once the two part,
-            # by the rule two frameworks' runs are judged by.
+            # by the rule two frameworks' runs are judged by, with `parted` of them at once (no interim look).
             if job.arch in planned:
                 with clock.phase(f"{job.arch}.replicates"):
                     replicates(backend, spec, job, job.data, run, where,
                                lambda _, init, plan, job=job: backend.train_data_parallel(job.config, init, plan,
                                                                                           job.data, cluster),
-                               result.step_losses)
+                               result.step_losses, spec.replicates.parted)
             if run is None:
                 continue
             measurements.write(job.arch, f"{fw}-dp", {

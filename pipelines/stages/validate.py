@@ -23,7 +23,7 @@ from pipelines.checks.integrity import intact
 from pipelines.checks.ledger import ARTIFACTS_READABLE, Ledger
 from pipelines.checks.lockstep import lockstep_checkpoints
 from pipelines.checks.parity import running_statistics, training_parity
-from pipelines.checks.replicates import read_plan, read_replicates, replicate_figures
+from pipelines.checks.replicates import all_replicates, read_interim, read_plan, replicate_figures
 from pipelines.checks.serving import read_served, serving_checks
 from pipelines.checks.taps import localize, tap_figures, taps_record
 from pipelines.stages import IMPORTS_STARTED, stage_main
@@ -43,7 +43,7 @@ def main(argv: list[str]) -> int:
     images = cache["images"] if "images" in cache else load_prepared(paths.PREPARED)  # read once
     image_batch = images.validation_batch(spec.export.validation_batch_size)
     ledger = Ledger()
-    planned = read_plan()
+    planned, more = read_plan(), read_interim()
     parity: list[dict[str, Any]] = []
     statistics: list[dict[str, Any]] = []
     lockstep: list[dict[str, Any]] = []
@@ -63,9 +63,11 @@ def main(argv: list[str]) -> int:
             judged.add((arch, fw))
             try:
                 runs[fw] = check_framework(spec, ledger, arch, fw, data, batch, record)
-                runs[fw]["replicates"] = (read_replicates(ledger, arch, fw, paths.replicates_run(arch, fw),
-                                                          read_json(paths.train_log(arch, fw))["step_losses"])
+                runs[fw]["replicates"] = (all_replicates(ledger, arch, fw,
+                                                         read_json(paths.train_log(arch, fw))["step_losses"],
+                                                         arch in more, spec.replicates.at_most)
                                           if arch in planned else None)
+                runs[fw]["interim"] = arch in planned and arch not in more
                 quality_floor(spec, ledger, arch, fw, runs[fw])
             except (OSError, KeyError, ValueError, TypeError) as error:
                 ledger.add(arch, fw, ARTIFACTS_READABLE, None, None, False, f"{type(error).__name__}: {error}")
@@ -87,9 +89,9 @@ def main(argv: list[str]) -> int:
         localize(ledger, arch, taps)
         tap_records.append(taps_record(arch, taps))
         clock.lap(arch)
-    data_parallel = data_parallel_parity(spec, ledger, cache, judged, planned)
+    data_parallel = data_parallel_parity(spec, ledger, cache, judged, planned, more)
     clock.lap("data_parallel")
-    ledger.judge_nulls(spec.tolerances.null_alpha)
+    ledger.judge_nulls(spec.tolerances.null_alpha, spec.replicates.futility)
     failures = ledger.failures()
     report = {
         "passed": not failures,

@@ -25,8 +25,8 @@ FRAMEWORKS = ["torch", "tf", "jax"]
 PAIRS = ["torch|tf", "torch|jax", "tf|jax"]
 LOCKSTEP_CHECKS = {"weights": "lockstep_weights_rel", "logits": "lockstep_logits_rel",
                    "running_statistics": "lockstep_running_stats_rel"}
-STAGES = {"data", "init", "null_plan", "serve", "validate", "report"} | {
-    f"{s}@{f}" for f in FRAMEWORKS for s in ("train_export", "replicates", "train_dp")}
+STAGES = {"data", "init", "null_plan", "null_interim", "serve", "validate", "report"} | {
+    f"{s}@{f}" for f in FRAMEWORKS for s in ("train_export", "replicates", "replicates_more", "train_dp")}
 # What a train_export stage publishes for each model, and nothing else: one run folder per model.
 RUN_FILES = {
     "trained.safetensors",
@@ -130,20 +130,31 @@ def test_validation_report_passes_with_every_check(tiny_pipeline: TinyRun) -> No
 def test_artifacts_and_measurements_are_laid_out(tiny_pipeline: TinyRun) -> None:
     root = tiny_pipeline.root
     assert sorted(p.name for p in (root / paths.ARTIFACTS).iterdir()) == sorted(
-        ["init", "data_parallel", "replicates", paths.NULL_PLAN.name, paths.SERVED.name, *FRAMEWORKS])
-    # end-of-training replicates for exactly the models the null plan names, among those params.yaml lists
+        ["init", "data_parallel", "replicates", "replicates_more", paths.NULL_PLAN.name, paths.NULL_INTERIM.name,
+         paths.SERVED.name, *FRAMEWORKS])
+    # end-of-training replicates for exactly the models the null plan names, among those params.yaml lists; more
+    # after the interim look for exactly the planned models it did not accept
     planned = json.loads((root / paths.NULL_PLAN).read_text())["replicates"]
+    interim = json.loads((root / paths.NULL_INTERIM).read_text())
     assert set(planned) <= set(TINY["replicates"]["models"])
+    assert sorted(interim["more"] + interim["accepted"]) == sorted(planned), interim
+    wanted = {**parse_spec({}).replicates.model_dump(), **TINY["replicates"]}
     for f in FRAMEWORKS:
-        folder = root / paths.replicates_dir(f)
+        folder, more = root / paths.replicates_dir(f), root / paths.replicates_more_dir(f)
         assert sorted(p.name for p in folder.iterdir()) == sorted([*planned, "plan.json"]), folder
         for m in planned:
             record = json.loads((folder / m / paths.REPLICATES_RECORD).read_text())
-            wanted = TINY["replicates"]
             parted = [r for r in record["replicates"] if r["parts_from_run_at_step"] is not None]
-            # trained until `parted` have parted, or `at_most` were trained
-            assert len(parted) == wanted["parted"] or len(record["replicates"]) == wanted["at_most"], record
-            assert [r["replicate"] for r in record["replicates"]] == list(range(1, len(record["replicates"]) + 1))
+            # trained until `first` have parted, or `at_most` were trained
+            assert len(parted) == wanted["first"] or len(record["replicates"]) == wanted["at_most"], record
+            reps = record["replicates"]
+            if m in interim["more"] and (more / m).exists():  # then on, numbered on, until `parted` in all
+                reps = reps + json.loads((more / m / paths.REPLICATES_RECORD).read_text())["replicates"]
+                parted = [r for r in reps if r["parts_from_run_at_step"] is not None]
+                assert len(parted) == wanted["parted"] or len(reps) == wanted["at_most"], f
+            else:
+                assert not (more / m).exists() and (m in interim["accepted"] or len(reps) == wanted["at_most"])
+            assert [r["replicate"] for r in reps] == list(range(1, len(reps) + 1))
     assert sorted(p.name for p in (root / paths.INIT).iterdir()) == sorted(f"{m}.safetensors" for m in MODELS)
     for f in FRAMEWORKS:
         assert sorted(p.name for p in (root / paths.framework_dir(f)).iterdir()) == sorted(MODELS)
@@ -317,11 +328,13 @@ def edit_invalidates(tiny_pipeline: TinyRun, framework: str) -> dict[str, list]:
 
 
 def assert_invalidates_only(status: dict[str, list], framework: str) -> None:
-    """Its own stages (train_export, and replicates and train_dp, which train with the same package), serve
+    """Its own stages (train_export, and replicates, replicates_more and train_dp, which train with the same
+    package), serve
     (whose framework server runs the same package) and report (which shows each package's models.py), each for a
     file of that package, and nothing else: no other framework's stage, not null_plan or validate (which read
     outputs only)."""
-    assert set(status) == {f"{stage}@{framework}" for stage in ("train_export", "replicates", "train_dp")} | {
+    assert set(status) == {f"{stage}@{framework}"
+                           for stage in ("train_export", "replicates", "replicates_more", "train_dp")} | {
         "serve", "report"}, status
     for stage, changes in status.items():
         changed = {dep for change in changes for dep in change.get("changed deps", {})}

@@ -173,7 +173,7 @@ def dp_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     copy_repo(root, env)
     params = yaml.safe_load((root / "params.yaml").read_text())
     params = merge(params, {"models": ["mlp"], "train": {"epochs": 20},
-                            "replicates": {"models": ["mlp"], "count": 1, "parted": 1, "at_most": 1},
+                            "replicates": {"models": ["mlp"], "count": 1, "first": 1, "parted": 1, "at_most": 1},
                             "data_parallel": {"workers": 2, "models": ["mlp"]}})
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     for stage in ("data", "init"):

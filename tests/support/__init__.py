@@ -50,30 +50,41 @@ VALIDATE = ["python", "-m", "pipelines.runner", "validation", "--", "python", "-
 
 
 NULL_PLAN = ["python", "-m", "pipelines.runner", "validation", "--", "python", "-m", "pipelines.stages.null_plan"]
+NULL_INTERIM = ["python", "-m", "pipelines.runner", "validation", "--", "python", "-m",
+                "pipelines.stages.null_interim"]
 
 
 def retrain_and_validate(root: Path, env: dict[str, str], retrain: dict[str, list[str]]
                          ) -> subprocess.CompletedProcess[str]:
     """The stages `dvc repro` reruns after a change to some runs, for those runs alone: each framework's
     train_export for its models in `retrain` (importing a framework costs more than training a tiny model), the
-    null plan, each framework's replicates where its runs or the plan changed, then validate (not checked)."""
+    null plan, each framework's replicates where its runs or the plan changed, the interim look and the
+    replicates after it likewise, then validate (not checked)."""
     import json
 
     import yaml
 
-    def plan() -> list[str]:
-        return json.loads((root / "artifacts/null_plan.json").read_text())["replicates"]
+    def named(file: str, key: str) -> list[str]:
+        return json.loads((root / "artifacts" / file).read_text())[key]
 
-    before = plan()
+    def stage(name: str, fw: str) -> None:
+        sh(["python", "-m", "pipelines.runner", fw, "--", "python", "-m", f"pipelines.stages.{name}", fw], root, env)
+
+    frameworks = yaml.safe_load((root / "params.yaml").read_text())["frameworks"]
+    before = named("null_plan.json", "replicates"), named("null_interim.json", "more")
     for fw, models in retrain.items():
         sh(["python", "-m", "pipelines.runner", fw, "--", "python", "-m", "pipelines.stages.train_export", fw,
             *models], root, env)
     sh(NULL_PLAN, root, env)
-    after = plan()
-    for fw in yaml.safe_load((root / "params.yaml").read_text())["frameworks"]:
-        if after and (fw in retrain or after != before):
-            sh(["python", "-m", "pipelines.runner", fw, "--", "python", "-m", "pipelines.stages.replicates", fw],
-               root, env)
+    planned = named("null_plan.json", "replicates")
+    for fw in frameworks:
+        if planned and (fw in retrain or planned != before[0]):
+            stage("replicates", fw)
+    sh(NULL_INTERIM, root, env)
+    more = named("null_interim.json", "more")
+    for fw in frameworks:
+        if more and (fw in retrain or planned != before[0] or more != before[1]):
+            stage("replicates_more", fw)
     return sh(VALIDATE, root, env, check=False)
 
 

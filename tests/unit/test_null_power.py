@@ -42,6 +42,28 @@ def test_a_moved_framework_is_found_and_more_parted_replicates_find_a_smaller_sh
     assert shift_five is not None and shift_three is not None and 1.0 < shift_five < shift_three < 8.0
 
 
+def test_the_interim_look_only_removes_rejections_and_stops_most_tests_with_no_bug() -> None:
+    """Stopping to accept can only turn a rejection into an acceptance: every draw the sequential design rejects,
+    the design with every replicate at once rejects too. With no bug a test goes on about `futility` of the time."""
+    draws = np.random.default_rng(4).standard_normal((300, 3, 6))
+    five = null_power.relabellings(6, 199)
+    interim = null_power.Interim(2, null_power.relabellings(3, 199), 0.2)
+    for shift in (0.0, 2.0):
+        moved = draws.copy()
+        moved[:, 0] += shift
+        sequential, more = null_power.sequential_ps(moved, five, interim)
+        at_once = null_power.pooled_ps(moved, five)
+        assert not ((sequential <= ALPHA) & (at_once > ALPHA)).any()
+        if shift == 0.0:
+            assert 0.1 < more.mean() < 0.3, more.mean()
+            assert (sequential[~more] > 0.2).all()
+        else:
+            assert more.mean() > 0.5  # a moved framework is rarely accepted at the look
+    shift_sequential = null_power.shift_at(null_power.power_curve(draws, [ALPHA], five, interim=interim)[:, 0])
+    shift_at_once = null_power.shift_at(null_power.power_curve(draws, [ALPHA], five)[:, 0])
+    assert shift_sequential is not None and shift_at_once is not None and shift_at_once <= shift_sequential < 8.0
+
+
 def test_the_rank_sum_for_comparison_finds_a_moved_framework() -> None:
     curve = null_power.power_curve(np.random.default_rng(3).standard_normal((30, 3, 11)), [ALPHA])[:, 0]
     shift = null_power.shift_at(curve)
@@ -57,7 +79,8 @@ def test_a_wider_framework_fails_more_often_than_equal_ones() -> None:
 
 @pytest.mark.parametrize("argv, named", [
     (["--parted", "0"], "--parted 0"), (["--samples", "5"], "--samples 5"),
-    (["--families", "4", "0"], "--families 0"), (["--spread", "0"], "--spread 0.0")])
+    (["--families", "4", "0"], "--families 0"), (["--spread", "0"], "--spread 0.0"),
+    (["--first", "6"], "--first 6"), (["--futility", "0"], "--futility 0.0")])
 def test_bad_arguments_are_one_error_line(argv: list[str], named: str) -> None:
     done = subprocess.run([sys.executable, "-m", "tooling.null_power", *argv], cwd=REPO, capture_output=True,
                           text=True, timeout=120)

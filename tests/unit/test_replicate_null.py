@@ -119,3 +119,22 @@ print(json.dumps([{"name": c.name == MIN_TEST_ACCURACY, "passed": c.passed, "val
     assert "an outlier" in torch["detail"]
     assert not tf["passed"] and tf["value"] == 0.8 and "rank 4 of 4" in tf["detail"] and "outlier" not in tf["detail"]
     assert not jax["passed"] and jax["value"] == 0.85 and jax["tolerance"] == 0.95
+
+
+def test_an_interim_test_is_accepted_above_the_futility_boundary_and_fails_at_or_below_it() -> None:
+    """A test of the interim look (every framework's run with its first replicates only) enters Holm's family with
+    its interim p. The null_interim stage sends any model with a p at most `futility` on to more replicates, so a
+    row still holding the interim look's samples with such a p names the stale decision and fails."""
+    ledger = Ledger()
+    distance = lambda a, b: abs(a - b)  # noqa: E731
+    rng = np.random.default_rng(1)
+    alike = pooled_null({fw: list(rng.standard_normal(3)) for fw in ("torch", "tf", "jax")}, distance, "alike")
+    apart = pooled_null({"torch": [0.0, 0.1, 0.2], "tf": [5.0, 5.1, 5.2], "jax": [0.05, 0.15, 0.25]}, distance,
+                        "apart")
+    for null in (alike, apart):
+        ledger.add_null("cnn", "torch|tf", "test_loss_rel", 0.01, 1e-3, {**null, "look": "interim"}, "runs part")
+    ledger.judge_nulls(0.05, 0.2)
+    accepted, stale = ledger.checks
+    assert alike["p_value"] > 0.2 and apart["p_value"] <= 0.2
+    assert accepted.passed and "accepted at the interim look" in accepted.detail, accepted.detail
+    assert not stale.passed and "null_interim.json is older" in stale.detail, stale.detail

@@ -353,10 +353,16 @@ class ReplicatesSpec(_Section):
     nonzero weight moved by one ulp (rosetta_common.weights.perturbed) and orders each batch's rows its own way
     (TrainPlan.replicate), the same experiment in every framework. train_export trains `count` of them through the
     lockstep window for every model (the lockstep checks' null); the replicates stage trains them to the end only
-    for the models whose runs part beyond a float32 bound (artifacts/null_plan.json), per framework until `parted`
-    have parted from its run or `at_most` were trained (docs/judge.md, 'The measured null')."""
+    for the models whose runs part beyond a float32 bound (artifacts/null_plan.json), per framework until `first`
+    have parted from its run; the replicates_more stage adds more, until `parted` have, only for the models whose
+    interim test is at most `futility` (artifacts/null_interim.json); neither trains more than `at_most`
+    (docs/judge.md, 'The measured null')."""
 
     count: Annotated[int, Field(ge=0, le=50)] = 5
+    first: Annotated[int, Field(ge=1, le=50)] = 2
+    # The interim look's futility boundary: a model every one of whose tests gives p above it with `first` parted
+    # replicates a framework is accepted there; stopping only to accept keeps the error rate at null_alpha.
+    futility: Annotated[float, Field(gt=0, le=1)] = 0.2
     parted: Annotated[int, Field(ge=1, le=50)] = 5
     at_most: Annotated[int, Field(ge=1, le=100)] = 15
     # The models that may train them to the end. Any other model that parts and misses a float32 bound fails,
@@ -367,6 +373,8 @@ class ReplicatesSpec(_Section):
     def _parted_within_at_most(self) -> ReplicatesSpec:
         if self.parted > self.at_most:
             raise ValueError(f"parted = {self.parted}: must be at most at_most ({self.at_most})")
+        if self.first > self.parted:
+            raise ValueError(f"first = {self.first}: must be at most parted ({self.parted})")
         return self
 
 
