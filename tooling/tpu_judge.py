@@ -35,7 +35,7 @@ from pipelines.checks.inference_mode import inference_mode
 from pipelines.checks.ledger import Check, CheckError, Ledger
 from pipelines.checks.lockstep import lockstep_checkpoints
 from pipelines.checks.parity import running_statistics, training_parity
-from pipelines.checks.replicates import read_plan, read_replicates
+from pipelines.checks.replicates import all_replicates, read_interim, read_plan, read_replicates
 from pipelines.checks.sessions import open_session, run_onnx
 from rosetta_common.data import Dataset, load_for
 from rosetta_common.io import read_json, sha256
@@ -113,22 +113,27 @@ def check_exports(spec: Spec, ledger: Ledger, arch: str, subject: str, data: Dat
     return figures
 
 
-def replicates_of(ledger: Ledger, arch: str, fw: str, folder: Path) -> list[dict[str, Any]] | None:
-    """The end-of-training replicates in `folder`, checked against the step losses of run `fw` (its
-    train_log.json) by read_replicates; None, with REPLICATES_READABLE failed, where that log is unreadable."""
+def replicates_of(ledger: Ledger, arch: str, fw: str, folder: Path | None, at_most: int = 0, more: bool = False
+                  ) -> list[dict[str, Any]] | None:
+    """The end-of-training replicates in `folder` (None: the replicates stages' of a CPU run, and the
+    replicates_more stage's where `more`), checked against the step losses of run `fw` (its train_log.json) by
+    read_replicates; None, with REPLICATES_READABLE failed, where that log is unreadable."""
     log = paths.train_log(arch, fw)
     try:
         losses = read_json(log)["step_losses"]
     except (OSError, ValueError, KeyError, TypeError) as error:
         ledger.add(arch, fw, names.REPLICATES_READABLE, None, None, False, f"{log}: {type(error).__name__}: {error}")
         return None
+    if folder is None:
+        return all_replicates(ledger, arch, fw, losses, more, at_most)
     return read_replicates(ledger, arch, fw, folder, losses)
 
 
-def planned_models() -> list[str]:
-    """The models whose CPU runs have end-of-training replicates: those artifacts/null_plan.json names, none
-    where it is missing."""
-    return read_plan() if paths.NULL_PLAN.exists() else []
+def planned_models() -> tuple[list[str], list[str]]:
+    """The models whose CPU runs have end-of-training replicates (those artifacts/null_plan.json names) and those
+    of them with more after the interim look (artifacts/null_interim.json); none where a file is missing."""
+    return (read_plan() if paths.NULL_PLAN.exists() else [],
+            read_interim() if paths.NULL_INTERIM.exists() else [])
 
 
 def subject_replicates(spec: Spec, ledger: Ledger, arch: str, subject: str) -> list[dict[str, Any]] | None:
@@ -139,15 +144,16 @@ def subject_replicates(spec: Spec, ledger: Ledger, arch: str, subject: str) -> l
     return replicates_of(ledger, arch, subject, paths.run_dir(arch, subject))
 
 
-def cpu_run(arch: str, fw: str, data: Dataset, planned: list[str]) -> dict[str, Any] | None:
-    """A CPU run's test figures and replicates (the replicates stage's, for a model in `planned`), as validate
-    reads them (its own checks are validate's)."""
+def cpu_run(arch: str, fw: str, data: Dataset, planned: tuple[list[str], list[str]], at_most: int
+            ) -> dict[str, Any] | None:
+    """A CPU run's test figures and replicates (the replicates stages', for a model `planned` names: the null
+    plan's, and the interim look's more), as validate reads them (its own checks are validate's)."""
     try:
         with np.load(paths.native_outputs(arch, fw), allow_pickle=False) as f:
             logits = f["test_logits"]
     except (OSError, KeyError, ValueError):
         return None
-    reps = replicates_of(Ledger(), arch, fw, paths.replicates_run(arch, fw)) if arch in planned else None
+    reps = replicates_of(Ledger(), arch, fw, None, at_most, arch in planned[1]) if arch in planned[0] else None
     return {"test_accuracy": accuracy(logits, data.test_labels),
             "test_loss": softmax_cross_entropy(logits, data.test_labels),
             "test_predictions": np.argmax(logits, axis=1), "replicates": reps}
@@ -211,7 +217,7 @@ def judge(bounds: dict[str, Any], precision: str, op_accuracy: dict[str, Any] | 
         quality_floor(spec, ledger, arch, subject, tpu)
         no_states = mspec.model_copy(update={"replicates": spec.replicates.model_copy(update={"count": 0})})
         for fw in cpu:
-            other = cpu_run(arch, fw, data, planned)
+            other = cpu_run(arch, fw, data, planned, spec.replicates.at_most)
             if other is None:
                 continue
             runs = {fw: other, subject: dict(tpu)}

@@ -296,4 +296,4 @@ def test_tpu_replicates_go_beside_the_run_and_the_judge_reads_them_there(tmp_pat
     assert "mlp" in wanted.models and counts == [record["trained"], None]
     assert [c[:3] for c in checks] == [["jax@tpu-default", "replicates_readable", False]]
     assert "another run" in checks[0][3] and str(Path("artifacts/jax@tpu-default/mlp")) in checks[0][3]
-    assert planned == []  # no artifacts/null_plan.json: no CPU run's replicates are read
+    assert planned == [[], []]  # no null_plan.json nor null_interim.json: no CPU run's replicates are read
