@@ -54,7 +54,12 @@ def main(argv: list[str]) -> int:
     futility = spec.replicates.futility
     cache: dict[str, Dataset] = {}
     more, accepted = [], []
-    for arch in [m for m in spec.models if m in read_plan()]:
+    planned = [m for m in spec.models if m in read_plan()]
+    if spec.replicates.first >= spec.replicates.parted:  # the first replicates are all of them: no look
+        print(f"null_interim: replicates.first = replicates.parted = {spec.replicates.parted}: no interim look",
+              flush=True)
+        planned = []
+    for arch in planned:
         tests = interim_tests(spec, arch, load_for(arch, paths.PREPARED, cache))
         (more if any(t["p_value"] <= futility for t in tests.values()) else accepted).append(arch)
         print(f"null_interim: {arch}: " + ", ".join(f"{key.split(' ')[1]} p {t['p_value']:.3g}"

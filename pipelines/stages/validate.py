@@ -67,7 +67,8 @@ def main(argv: list[str]) -> int:
                                                          read_json(paths.train_log(arch, fw))["step_losses"],
                                                          arch in more, spec.replicates.at_most)
                                           if arch in planned else None)
-                runs[fw]["interim"] = arch in planned and arch not in more
+                runs[fw]["interim"] = (arch in planned and arch not in more
+                                       and spec.replicates.first < spec.replicates.parted)  # judged at the look
                 quality_floor(spec, ledger, arch, fw, runs[fw])
             except (OSError, KeyError, ValueError, TypeError) as error:
                 ledger.add(arch, fw, ARTIFACTS_READABLE, None, None, False, f"{type(error).__name__}: {error}")
