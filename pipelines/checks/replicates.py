@@ -22,28 +22,26 @@ from rosetta_common.spec import Spec
 from rosetta_common.training import plan
 
 
-def read_plan() -> list[str]:
-    """The models artifacts/null_plan.json gives end-of-training replicates (CheckError where it is unreadable)."""
+def read_names(path: Path, key: str, stage: str) -> list[str]:
+    """The model names under `key` of a stage's JSON output (CheckError, naming the stage, where unreadable)."""
     try:
-        planned = read_json(paths.NULL_PLAN)["replicates"]
-        if not isinstance(planned, list) or not all(isinstance(m, str) for m in planned):
-            raise TypeError(f"replicates = {planned!r}: must be a list of model names")
+        named = read_json(path)[key]
+        if not isinstance(named, list) or not all(isinstance(m, str) for m in named):
+            raise TypeError(f"{key} = {named!r}: must be a list of model names")
     except (OSError, ValueError, KeyError, TypeError) as error:
-        raise CheckError(f"{paths.NULL_PLAN}: unreadable ({type(error).__name__}: {error}); the null_plan stage "
-                         "writes it") from error
-    return planned
+        raise CheckError(f"{path}: unreadable ({type(error).__name__}: {error}); the {stage} stage writes it"
+                         ) from error
+    return named
+
+
+def read_plan() -> list[str]:
+    """The models artifacts/null_plan.json gives end-of-training replicates."""
+    return read_names(paths.NULL_PLAN, "replicates", "null_plan")
 
 
 def read_interim() -> list[str]:
-    """The models artifacts/null_interim.json sends on to more replicates (CheckError where it is unreadable)."""
-    try:
-        more = read_json(paths.NULL_INTERIM)["more"]
-        if not isinstance(more, list) or not all(isinstance(m, str) for m in more):
-            raise TypeError(f"more = {more!r}: must be a list of model names")
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        raise CheckError(f"{paths.NULL_INTERIM}: unreadable ({type(error).__name__}: {error}); the null_interim "
-                         "stage writes it") from error
-    return more
+    """The models artifacts/null_interim.json sends on to more replicates."""
+    return read_names(paths.NULL_INTERIM, "more", "null_interim")
 
 
 def end_figures(arch: str, fw: str, data: Any) -> dict[str, Any]:

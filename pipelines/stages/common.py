@@ -123,24 +123,24 @@ def replicate_start(job: Job, replicate: int) -> tuple[Weights, TrainPlan, str]:
     return init, job.plan.replicate(replicate), f"{moved}; each batch's rows in the order of replicate {replicate}"
 
 
-def planned_models(models: list[str]) -> list[str]:
-    """The models of `models` that artifacts/null_plan.json names, in params.yaml's order."""
+def named_models(models: list[str], path: Path, key: str, stage: str) -> list[str]:
+    """The models of `models` that a stage's JSON output names under `key`, in params.yaml's order."""
     try:
-        named = read_json(paths.NULL_PLAN)["replicates"]
+        named = read_json(path)[key]
     except (OSError, ValueError, KeyError, TypeError) as error:
-        raise ArtifactError(f"{paths.NULL_PLAN}: unreadable ({type(error).__name__}: {error}); "
-                            "the null_plan stage writes it (dvc repro null_plan)") from error
+        raise ArtifactError(f"{path}: unreadable ({type(error).__name__}: {error}); "
+                            f"the {stage} stage writes it (dvc repro {stage})") from error
     return [arch for arch in models if arch in named]
+
+
+def planned_models(models: list[str]) -> list[str]:
+    """The models of `models` that artifacts/null_plan.json names."""
+    return named_models(models, paths.NULL_PLAN, "replicates", "null_plan")
 
 
 def interim_continued(models: list[str]) -> list[str]:
-    """The models of `models` that artifacts/null_interim.json sends on to more replicates, in params.yaml's order."""
-    try:
-        named = read_json(paths.NULL_INTERIM)["more"]
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        raise ArtifactError(f"{paths.NULL_INTERIM}: unreadable ({type(error).__name__}: {error}); "
-                            "the null_interim stage writes it (dvc repro null_interim)") from error
-    return [arch for arch in models if arch in named]
+    """The models of `models` that artifacts/null_interim.json sends on to more replicates."""
+    return named_models(models, paths.NULL_INTERIM, "more", "null_interim")
 
 
 def replicates_stage(stage: str, fw: str, models: list[str], spec: Spec, clock: Any, out: Path, wanted: int,
