@@ -49,6 +49,12 @@ browser:
 test-unit: $(VENV)/.installed
 	python -m pytest -q -n 2 tests/unit packages/common/tests
 
+# One model's tests alone, in every environment (the conformance suite, each package's tests, packages/common's),
+# building and training only that model: make test-model MODEL=cnn (several: MODEL="cnn gru").
+.PHONY: test-model
+test-model: setup
+	python -m tooling.run_tests model --model "$(MODEL)"
+
 test-cross: setup browser
 	python -m tooling.run_tests cross
 

@@ -34,12 +34,13 @@ from typing import Any
 from pipelines import deployment_formats
 from pipelines.deployment_formats import FORMATS
 from rosetta_common.io import write_text
+from rosetta_common.registry import of_reading
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "measurements" / "deployment.json"
 WORKER = REPO / "benchmarks" / "deployment_worker.py"
 FRAMEWORKS = ("torch", "tf", "jax")
-MODELS = ("mlp", "cnn", "attention", "resnet", "lstm", "gru")  # rosetta_common.spec.ARCHITECTURES
+MODELS = of_reading("images")  # the registry's image models (the text model reads token ids)
 FORMAT_NAMES = tuple(f.name for f in FORMATS)
 PHASES = ("interpreter_seconds", "imports_seconds", "load_seconds", "first_request_seconds")
 

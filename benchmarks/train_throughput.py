@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from rosetta_common.io import write_text
+from rosetta_common.registry import of_reading
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "measurements" / "throughput.json"
@@ -35,7 +36,7 @@ OUT = REPO / "measurements" / "throughput.json"
 # `python -m pipelines.measurements` regenerates; run, not imported: pipelines never imports benchmarks).
 TABLE_OUT = REPO / "measurements" / "throughput_table.json"
 FRAMEWORKS = ("torch", "tf", "jax")
-MODELS = ("mlp", "cnn", "attention", "resnet", "lstm", "gru")  # rosetta_common.spec.ARCHITECTURES
+MODELS = of_reading("images")  # the registry's image models (the text model reads token ids)
 SCALES = ("digits", "mnist5k")
 # The attention model is compute-bound (embed 512: about 0.08 GFLOP per training sample on 8 digits rows, 0.3 on 28
 # MNIST rows): its first 512 / 256 training images (16 / 8 steps an epoch) keep its epochs near a second or two.

@@ -28,6 +28,8 @@ from pathlib import Path
 from typing import TextIO
 
 from pipelines.environments import REPO_ROOT
+from rosetta_common.registry import ARCHITECTURES, SpecError
+from rosetta_common.testing import MODELS_VARIABLE, models_under_test
 
 FRAMEWORKS = ("torch", "tf", "jax")
 CONFORMANCE = "packages/common/src/rosetta_common/conformance"
@@ -134,9 +136,19 @@ def totals(names: list[str]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("which", nargs="?", default="all", choices=["all", "frameworks", "cross"])
-    which = parser.parse_args(argv).which
+    parser.add_argument("which", nargs="?", default="all", choices=["all", "frameworks", "cross", "model"])
+    parser.add_argument("--model", default="", help="model: the architectures under test (ROSETTA_TEST_MODELS)")
+    args = parser.parse_args(argv)
+    which = args.which
     cross_workers()  # a bad ROSETTA_TEST_WORKERS is one line before anything starts
+    if which == "model":  # one model's tests in every environment: an unknown name is one line
+        try:
+            os.environ[MODELS_VARIABLE] = " ".join(models_under_test({MODELS_VARIABLE: args.model}))
+        except SpecError:
+            raise SystemExit(f"error: MODEL = {args.model!r}: not a registered architecture; allowed: "
+                             f"{', '.join(ARCHITECTURES)}") from None
+        if not args.model.strip():
+            raise SystemExit(f"error: MODEL = '': name one or more of {', '.join(ARCHITECTURES)}")
     results: dict[str, int] = {}
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="rosetta-tests-") as tmp:
@@ -145,6 +157,10 @@ def main(argv: list[str] | None = None) -> int:
         try:
             if which == "frameworks":
                 run_frameworks(basetemp, results, echo=True)
+            elif which == "model":
+                run_frameworks(basetemp, results, echo=True)
+                results["cross"] = run("cross", [sys.executable, "-m", "pytest", "-q", "packages/common/tests"],
+                                       sys.stdout)
             elif which == "cross":
                 results["cross"] = run("cross", cross_suite(basetemp), sys.stdout)
             else:

@@ -15,6 +15,7 @@ import yaml
 
 from pipelines.environments import REPO_ROOT as REPO
 from pipelines.environments import envs_dir
+from rosetta_common.registry import ARCHITECTURES, REGISTRY
 
 
 def orchestrator_env(**extra: str) -> dict[str, str]:
@@ -36,20 +37,14 @@ def sh(cmd: list[str], cwd: Path, env: dict[str, str], check: bool = True) -> su
 
 
 # Params small enough for a whole-pipeline test: every model, stage and check runs, in minutes.
-MODELS = ["mlp", "cnn", "attention", "resnet", "lstm", "gru", "text_transformer"]
+# Every registered model, at its entry's tiny settings and floor (rosetta_common.registry).
+MODELS = list(ARCHITECTURES)
 TINY = {
     "models": MODELS,
     "train": {"epochs": 2, "batch_size": 32, "optimizer": "adam"},
     "data": {"text": {"vocab_size": 2000, "max_length": 32}},
-    "architecture": {
-        "attention": {"embed_dim": 32, "num_heads": 4, "mlp_dim": 32},
-        "resnet": {"stem_filters": 8, "block_filters": 16},
-        "lstm": {"hidden": 32},
-        "gru": {"hidden": 32},
-        "text_transformer": {"embed_dim": 16, "num_heads": 2, "mlp_dim": 32},
-    },
-    "quality": {"min_test_accuracy": {"mlp": 0.5, "cnn": 0.5, "attention": 0.3, "resnet": 0.3, "lstm": 0.3,
-                                      "gru": 0.3, "text_transformer": 0.5}},
+    "architecture": {name: dict(e.tiny) for name, e in REGISTRY.items() if e.tiny},
+    "quality": {"min_test_accuracy": {name: e.tiny_floor for name, e in REGISTRY.items()}},
     "export": {"validation_batch_size": 16, "parity_batch_sizes": [1, 7, 1024]},
     # count: 5 lockstep-window replicates, as params.yaml. first: 2 to the end per framework before the interim look
     # (params.yaml's); where it leaves the cnn undecided, parted: 3 in all (the pooled test's 12 points allow p down

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from rosetta_common.registry import REGISTRY, entry
 from rosetta_common.spec import TolerancesSpec
 
 SUBJECT = "jax@tpu"  # the TPU run folders' framework name: artifacts/jax@tpu/<model>/
@@ -31,47 +32,19 @@ def subject_name(precision: str) -> str:
     return SUBJECT if precision == CLAIMED else f"{SUBJECT}-{precision}"
 
 
-LOSS_OP = {"text_transformer": "cross_entropy2"}  # every image model: cross_entropy10
-STEPS = 8  # the recurrent models' time steps: one image row each (8 x 8 digits)
-LAYER_NORM = {"mean": 1, "variance": 1, "rsqrt": 1}
-
-
-def _times(uses: dict[str, int], n: int) -> dict[str, int]:
-    return {op: count * n for op, count in uses.items()}
-
-
-def _add(*parts: dict[str, int]) -> dict[str, int]:
-    total: dict[str, int] = {}
-    for part in parts:
-        for op, count in part.items():
-            total[op] = total.get(op, 0) + count
-    return total
-
-
-# The forward's op uses per model, the loss aside (packages/*_impl build the same graph from the same spec).
-OPS_USED: dict[str, dict[str, int]] = {
-    "mlp": {"matmul": 2},
-    "cnn": {"conv": 2, "matmul": 1},
-    # embed, q, k, v, out, fc1, fc2, head; scores and weighted values; three LayerNorms; the token mean
-    "attention": _add({"matmul": 8, "einsum": 2, "softmax": 1, "gelu": 1, "mean": 1}, _times(LAYER_NORM, 3)),
-    # stem, two block convolutions and the shortcut, each with a BatchNorm on the batch's statistics; the pool
-    "resnet": _add({"conv": 4, "matmul": 1, "mean": 1}, _times(LAYER_NORM, 4)),
-    # per step: the input and recurrent products, three sigmoid gates, two tanh; then the head
-    "lstm": _add(_times({"matmul": 2, "sigmoid": 3, "tanh": 2}, STEPS), {"matmul": 1}),
-    "gru": _add(_times({"matmul": 2, "sigmoid": 2, "tanh": 1}, STEPS), {"matmul": 1}),
-    # q, k, v, out, fc1, fc2, head; scores and weighted values; three LayerNorms; the masked token mean
-    "text_transformer": _add({"matmul": 7, "einsum": 2, "softmax": 1, "gelu": 1, "mean": 1},
-                             _times(LAYER_NORM, 3)),
-}
+# The forward's op uses per model, the loss aside: each architecture's registry entry (rosetta_common.registry).
+OPS_USED: dict[str, dict[str, int]] = {name: dict(e.ops) for name, e in REGISTRY.items()}
 
 
 def loss_op(model: str) -> str:
-    return LOSS_OP.get(model, "cross_entropy10")
+    """The loss's entry in the op-accuracy file: the softmax cross-entropy over the model's classes (digits: 10,
+    the text set: 2)."""
+    return "cross_entropy2" if entry(model).reads == "tokens" else "cross_entropy10"
 
 
 def model_bounds(model: str, ops: dict[str, Any], tol: TolerancesSpec, precision: str) -> dict[str, Any]:
     """One model's bounds at one precision (module docstring), with the terms they came from."""
-    uses = OPS_USED[model]
+    uses = OPS_USED[entry(model).name]
     loss = loss_op(model)
     squares = {op: n * ops[op][precision]["rel_norm"] ** 2 for op, n in uses.items()}
     squares[loss] = ops[loss][precision]["rel_norm"] ** 2

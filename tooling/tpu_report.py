@@ -10,6 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from rosetta_common.registry import ARCHITECTURES
+
 CLAIMED = "highest"
 PRECISION_WORDS = ("matrix precision", "jax_default_matmul_precision")
 
@@ -115,10 +117,21 @@ def bounds_table(bounds: dict[str, Any]) -> str:
     return markdown_table(rows)
 
 
+def not_run(results: list[dict[str, Any]], models: list[str] | tuple[str, ...] = ARCHITECTURES) -> list[str]:
+    """The architectures of `models` that no result holds: registered after the TPU runs were recorded. They are
+    named, not failed: a model is added without a TPU, and `make tpu-check` on one records it."""
+    recorded = {model for result in results for model in result["models"]}
+    return [model for model in models if model not in recorded]
+
+
 def render(results: list[dict[str, Any]], bounds: dict[str, Any] | None = None) -> str:
     order = sorted(results, key=lambda r: r["precision"] != CLAIMED)
     parts = ["# TPU check", "The JAX stage trained and exported on a TPU, judged against the CPU runs "
              "(tooling/tpu_judge.py) at float32 products (`highest`) and at JAX's default TPU precision."]
+    missing = not_run(results)
+    if missing:
+        parts.append(f"Not run on a TPU yet: {', '.join(missing)} (no result holds them; `make tpu-check` runs "
+                     "every model of params.yaml).")
     if bounds is not None:
         parts += ["## Bounds (float32 products)", bounds_table(bounds)]
     parts += [section(r) for r in order]

@@ -31,7 +31,7 @@ def test_learning_rate_per_model_or_one_number():
     ("raw", "expected"),
     [
         ({"models": ["mlp", "vgg"]},
-         "models.1 = 'vgg': Input should be 'mlp', 'cnn', 'attention', 'resnet', 'lstm', 'gru' or 'text_transformer'"),
+         f"models.1 = 'vgg': Input should be {', '.join(map(repr, ARCHITECTURES[:-1]))} or {ARCHITECTURES[-1]!r}"),
         (
             {"optimizers": {"adam": {"learning_rate": -0.1}}},
             "optimizers.adam.learning_rate = -0.1: Input should be greater than 0",

@@ -11,11 +11,10 @@ import pytest
 from flax import nnx
 
 import rosetta_jax
-from rosetta_common.interface import architectures
 from rosetta_common.metrics import max_abs_diff
 from rosetta_common.reference import forward
 from rosetta_common.spec import Spec
-from rosetta_common.testing import asymmetric_weights, small_config
+from rosetta_common.testing import ARCHS, asymmetric_weights, small_config
 from rosetta_common.weights import is_statistic
 from rosetta_jax import weights
 from rosetta_jax.weights import native_name
@@ -25,7 +24,7 @@ NON_SQUARE = (6, 10)
 FAR = 100  # "by far": a planted mistake must miss by this many tolerances
 
 
-@pytest.mark.parametrize("arch", architectures(rosetta_jax))
+@pytest.mark.parametrize("arch", ARCHS)
 def test_every_variable_is_canonical(arch: str) -> None:
     """Every NNX variable of a built model is a canonical tensor under its native path: the parameters (nnx.Param)
     the trainable and frozen ones, the BatchNorm running statistics (nnx.BatchStat) the statistics, nothing else

@@ -17,11 +17,10 @@ import pytest
 
 import rosetta_tf
 from rosetta_common.errors import ArtifactError, ExportError
-from rosetta_common.interface import architectures
 from rosetta_common.metrics import inference_mode_problems
 from rosetta_common.onnx_conventions import INPUT_NAME, OPSETS, OUTPUT_NAME
 from rosetta_common.spec import ModelConfig, Spec
-from rosetta_common.testing import asymmetric_weights, random_inputs, small_config
+from rosetta_common.testing import ARCHS, asymmetric_weights, random_inputs, small_config
 from rosetta_tf.export import CONFIG_FILE, KERAS_FILE, SAVED_MODEL_DIR, load_keras, load_native
 
 NON_SQUARE = (6, 10)
@@ -105,13 +104,13 @@ def native_exports(tmp_path_factory: pytest.TempPathFactory) -> Path:
     processes here, exporting again only at another image shape, took about 20 s of this suite for nothing new."""
     out = tmp_path_factory.mktemp("native")
     example = np.zeros((2, *NON_SQUARE), np.float32)
-    for arch in architectures(rosetta_tf):
+    for arch in ARCHS:
         config = small_config(arch, NON_SQUARE)
         rosetta_tf.export_native(rosetta_tf.build(config, asymmetric_weights(config, 0)), out / arch, example)
     return out
 
 
-@pytest.mark.parametrize("arch", architectures(rosetta_tf))
+@pytest.mark.parametrize("arch", ARCHS)
 def test_keras_zip_carries_no_time_or_address(arch: str, native_exports: Path) -> None:
     with zipfile.ZipFile(native_exports / arch / KERAS_FILE) as archive:
         infos = archive.infolist()
@@ -134,7 +133,7 @@ def _shared_object_ids(node: object) -> list[int]:
     return []
 
 
-@pytest.mark.parametrize("arch", architectures(rosetta_tf))
+@pytest.mark.parametrize("arch", ARCHS)
 def test_normalized_export_loads_safely_and_predicts_identically(arch: str,
                                                                  native_exports: Path) -> None:
     config = small_config(arch, NON_SQUARE)

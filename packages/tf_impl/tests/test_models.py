@@ -18,7 +18,8 @@ from keras import layers, ops
 import rosetta_tf
 from rosetta_common.metrics import max_abs_diff, relative_diff
 from rosetta_common.reference import forward, forward_train
-from rosetta_common.spec import ModelConfig, ResNetSpec, Spec
+from rosetta_common.registry import ResNetSpec
+from rosetta_common.spec import ModelConfig, Spec
 from rosetta_common.testing import asymmetric_weights, small_config, small_spec
 from rosetta_common.training import dropout_masks, plan
 from rosetta_tf import models

@@ -11,7 +11,8 @@ from keras import layers, ops
 
 import rosetta_tf
 from rosetta_common.reference import forward_with_taps
-from rosetta_common.spec import ResNetSpec, Spec
+from rosetta_common.registry import ResNetSpec
+from rosetta_common.spec import Spec
 from rosetta_common.testing import assert_localized, planted_case
 from rosetta_tf import models
 

@@ -24,7 +24,8 @@ from rosetta_common.errors import InputError
 from rosetta_common.inputs import PAD_ID, padding_mask
 from rosetta_common.metrics import max_abs_diff
 from rosetta_common.reference import forward, forward_with_taps
-from rosetta_common.spec import ModelConfig, Spec, TextTransformerSpec
+from rosetta_common.registry import TextTransformerSpec
+from rosetta_common.spec import ModelConfig, Spec
 from rosetta_common.testing import (
     assert_localized,
     asymmetric_weights,

@@ -9,11 +9,10 @@ import numpy as np
 import pytest
 
 import rosetta_tf
-from rosetta_common.interface import architectures
 from rosetta_common.metrics import max_abs_diff
 from rosetta_common.reference import forward
 from rosetta_common.spec import Spec
-from rosetta_common.testing import asymmetric_weights, small_config
+from rosetta_common.testing import ARCHS, asymmetric_weights, small_config
 from rosetta_common.weights import is_frozen, is_statistic
 from rosetta_tf import weights as tf_weights
 from rosetta_tf.weights import bindings
@@ -22,7 +21,7 @@ FORWARD_ABS = Spec().tolerances.forward_parity_abs
 NON_SQUARE = (6, 10)
 
 
-@pytest.mark.parametrize("arch", architectures(rosetta_tf))
+@pytest.mark.parametrize("arch", ARCHS)
 def test_every_variable_is_canonical(arch: str) -> None:
     config = small_config(arch)
     model = rosetta_tf.build(config, asymmetric_weights(config, 0))

@@ -46,16 +46,6 @@ class TrainResult:
     engine: str = ""  # the distributed engine that ran it, in words ("" for a single process)
 
 
-def architectures(package: ModuleType) -> tuple[str, ...]:
-    """The architectures `package` implements: every image model, and the token models it lists in its
-    `TOKEN_MODELS` (the text model is being added package by package; the conformance suite tests what a package
-    says it implements, and a stage refuses a token model its framework lacks)."""
-    from rosetta_common.spec import ARCHITECTURES, TOKEN_ARCHITECTURES
-
-    token = set(getattr(package, "TOKEN_MODELS", ()))
-    return tuple(a for a in ARCHITECTURES if a not in TOKEN_ARCHITECTURES or a in token)
-
-
 def check_backend(package: ModuleType) -> None:
     """Raise ImportError naming every contract function `package` lacks, or defines in the wrong module."""
     problems = []

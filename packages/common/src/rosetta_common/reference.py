@@ -61,7 +61,7 @@ def conv2d(x: np.ndarray, kernel: np.ndarray, stride: int = 1, padding: str = "s
 def batch_norm(x: np.ndarray, w: Mapping[str, np.ndarray], prefix: str, momentum: float, eps: float,
                training: bool, statistics: dict[str, np.ndarray]) -> np.ndarray:
     """BatchNorm over every axis but the last. Inference: the running statistics. Training: the batch's mean
-    and biased variance normalize, and the running statistics move by rosetta_common.spec.ResNetSpec's
+    and biased variance normalize, and the running statistics move by rosetta_common.registry.ResNetSpec's
     convention (running = momentum * running + (1 - momentum) * batch); the new values go to `statistics`."""
     mean, var = w[f"{prefix}.running_mean"], w[f"{prefix}.running_var"]
     if training:

@@ -6,47 +6,50 @@ Bad input becomes one line naming the field, the value and what is allowed (Spec
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal, get_args
+from typing import Annotated, Any, Literal, Union, get_args
 
 import yaml
 from pydantic import (
     BaseModel,
     BeforeValidator,
-    ConfigDict,
     Field,
     SerializerFunctionWrapHandler,
     ValidationError,
+    create_model,
     model_serializer,
     model_validator,
 )
 
-from rosetta_common.errors import RosettaError
 from rosetta_common.inputs import InputSpec
+from rosetta_common.registry import (
+    ARCHITECTURES,
+    REGISTRY,
+    SECTION_CONFIG,
+    PositiveFloat,
+    PositiveInt,
+    Probability,
+    SpecError,
+    entry,
+    of_reading,
+)
 
-Architecture = Literal["mlp", "cnn", "attention", "resnet", "lstm", "gru", "text_transformer"]
+# The architectures params.yaml may name: the registry's (rosetta_common.registry), in its order.
+Architecture = Literal[ARCHITECTURES]  # type: ignore[valid-type]
 Framework = Literal["torch", "tf", "jax"]
-ARCHITECTURES: tuple[str, ...] = get_args(Architecture)
 # The models that read token ids (the text data set); every other one reads images.
-TOKEN_ARCHITECTURES: tuple[str, ...] = ("text_transformer",)
+TOKEN_ARCHITECTURES: tuple[str, ...] = of_reading("tokens")
 # The models a spec lists when params.yaml names none: every one.
 DEFAULT_MODELS: tuple[str, ...] = ARCHITECTURES
+FRAMEWORKS: tuple[str, ...] = get_args(Framework)
 
 
 def input_kind(arch: str) -> str:
     """What `arch` reads: "tokens" for a token model, "images" otherwise (rosetta_common.inputs)."""
-    return "tokens" if arch in TOKEN_ARCHITECTURES else "images"
-FRAMEWORKS: tuple[str, ...] = get_args(Framework)
-PositiveInt = Annotated[int, Field(gt=0)]
-PositiveFloat = Annotated[float, Field(gt=0)]
-Probability = Annotated[float, Field(gt=0, lt=1)]
-
-
-class SpecError(RosettaError, ValueError):
-    """A params.yaml problem, phrased as one line for the user."""
+    return entry(arch).reads
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = SECTION_CONFIG
 
 
 class TextDataSpec(_Section):
@@ -77,89 +80,11 @@ class DataSpec(_Section):
         return self
 
 
-class MLPSpec(_Section):
-    hidden: PositiveInt = 256
-
-
-class CNNSpec(_Section):
-    conv1_filters: PositiveInt = 32
-    conv2_filters: PositiveInt = 64
-
-
-class _EncoderSpec(_Section):
-    """What both attention models' sections hold (their defaults differ), checked alike."""
-
-    section: ClassVar[str]
-    embed_dim: PositiveInt
-    num_heads: PositiveInt
-    mlp_dim: PositiveInt
-    layer_norm_eps: PositiveFloat = 1e-5
-
-    @model_validator(mode="after")
-    def _heads_divide_embed(self) -> _EncoderSpec:
-        if self.embed_dim % self.num_heads:
-            raise ValueError(f"architecture.{self.section}.num_heads = {self.num_heads}: must divide embed_dim "
-                             f"({self.embed_dim})")
-        return self
-
-    @property
-    def head_dim(self) -> int:
-        return self.embed_dim // self.num_heads
-
-
-class AttentionSpec(_EncoderSpec):
-    section: ClassVar[str] = "attention"
-    embed_dim: PositiveInt = 512
-    num_heads: PositiveInt = 8
-    mlp_dim: PositiveInt = 512
-
-
-class ResNetSpec(_Section):
-    stem_filters: PositiveInt = 16
-    block_filters: PositiveInt = 32
-    # Dropout before the head, training only. Its masks are drawn once, in common, from the seed
-    # (rosetta_common.training.dropout_masks), so the three frameworks drop the same units at every step.
-    dropout: Annotated[float, Field(ge=0, lt=1)] = 0.2
-    # One convention for BatchNorm, mapped to each framework's in its package:
-    # running = momentum * running + (1 - momentum) * batch statistic (Keras' and Flax's meaning; torch's
-    # `momentum` argument is 1 - this), and the running variance averages the biased batch variance, the one
-    # that normalizes the batch (Keras and Flax do; torch averages the unbiased one and is corrected).
-    batchnorm_momentum: Probability = 0.9
-    batchnorm_epsilon: PositiveFloat = 1e-5  # torch's and Flax's default (Keras' is 1e-3)
-
-
-class LSTMSpec(_Section):
-    hidden: PositiveInt = 128  # each image row is one time step; the last hidden state feeds the head
-
-
-class GRUSpec(_Section):
-    hidden: PositiveInt = 128  # torch's formula: the reset gate applies after the recurrent matmul + bias
-
-
-class TextTransformerSpec(_EncoderSpec):
-    """The text classifier: token embedding plus learned positions, one pre-norm encoder block whose attention
-    ignores padded keys, a final LayerNorm, the mean over real tokens, a dense head (rosetta_common.reference)."""
-
-    section: ClassVar[str] = "text_transformer"
-    embed_dim: PositiveInt = 64
-    num_heads: PositiveInt = 4
-    mlp_dim: PositiveInt = 128
-
-
-class ArchitectureSpec(_Section):
-    mlp: MLPSpec = MLPSpec()
-    cnn: CNNSpec = CNNSpec()
-    attention: AttentionSpec = AttentionSpec()
-    resnet: ResNetSpec = ResNetSpec()
-    lstm: LSTMSpec = LSTMSpec()
-    gru: GRUSpec = GRUSpec()
-    text_transformer: TextTransformerSpec = TextTransformerSpec()
-
-
-ArchitectureSettings = MLPSpec | CNNSpec | AttentionSpec | ResNetSpec | LSTMSpec | GRUSpec | TextTransformerSpec
-_SETTINGS: dict[str, type[_Section]] = {"mlp": MLPSpec, "cnn": CNNSpec, "attention": AttentionSpec,
-                                         "resnet": ResNetSpec, "lstm": LSTMSpec, "gru": GRUSpec,
-                                         "text_transformer": TextTransformerSpec}
+# params.yaml's `architecture` section: one field per registered architecture, its entry's settings class.
+ArchitectureSpec = create_model("ArchitectureSpec", __config__=SECTION_CONFIG,
+                                **{name: (e.settings, e.settings()) for name, e in REGISTRY.items()})
+ArchitectureSettings = Union[tuple(e.settings for e in REGISTRY.values())]  # type: ignore[valid-type]  # noqa: UP007
+_SETTINGS: dict[str, type[BaseModel]] = {name: e.settings for name, e in REGISTRY.items()}
 
 
 class ModelConfig(_Section):
@@ -212,16 +137,14 @@ class ModelConfig(_Section):
 
     @classmethod
     def of(cls, spec: Spec, arch: str, image_shape: tuple[int, int], num_classes: int) -> ModelConfig:
-        if arch not in ARCHITECTURES:
-            raise SpecError(f"architecture = {arch!r}: unknown; allowed: {', '.join(ARCHITECTURES)}")
-        if arch in TOKEN_ARCHITECTURES:
+        if entry(arch).reads == "tokens":
             raise SpecError(f"architecture = {arch!r}: reads token ids, not images (ModelConfig.of_tokens)")
         return cls(arch=arch, image_shape=(int(image_shape[0]), int(image_shape[1])),
                    num_classes=int(num_classes), settings=getattr(spec.architecture, arch))
 
     @classmethod
     def of_tokens(cls, spec: Spec, arch: str, vocab_size: int, max_length: int, num_classes: int) -> ModelConfig:
-        if arch not in TOKEN_ARCHITECTURES:
+        if entry(arch).reads != "tokens":
             raise SpecError(f"architecture = {arch!r}: reads images, not token ids (ModelConfig.of)")
         return cls(arch=arch, vocab_size=int(vocab_size), max_length=int(max_length), num_classes=int(num_classes),
                    settings=getattr(spec.architecture, arch))
@@ -243,9 +166,7 @@ def _known_models(rate: Any) -> Any:
 
 class AdamSpec(_Section):
     learning_rate: Annotated[LearningRate, BeforeValidator(_known_models)] = {
-        "mlp": 3e-3, "cnn": 3e-3, "attention": 3e-4, "resnet": 1e-3, "lstm": 3e-3, "gru": 3e-3,
-        "text_transformer": 1e-3,
-    }
+        name: e.adam_rate for name, e in REGISTRY.items()}
     beta1: Probability = 0.9
     beta2: Probability = 0.999
     # Added to sqrt(v_hat) after bias correction, as torch and optax do (Keras' own Adam differs; see optim.py).
@@ -254,9 +175,7 @@ class AdamSpec(_Section):
 
 class SGDSpec(_Section):
     learning_rate: Annotated[LearningRate, BeforeValidator(_known_models)] = {
-        "mlp": 0.05, "cnn": 0.03, "attention": 0.005, "resnet": 0.03, "lstm": 0.1, "gru": 0.05,
-        "text_transformer": 0.05,
-    }
+        name: e.sgd_rate for name, e in REGISTRY.items()}
     momentum: Annotated[float, Field(ge=0, lt=1)] = 0.9
 
 
@@ -275,14 +194,7 @@ class TrainSpec(_Section):
 class QualitySpec(_Section):
     # Minimum test accuracy per architecture; the validate stage fails below it.
     min_test_accuracy: dict[Architecture, Annotated[float, Field(ge=0, le=1)]] = {
-        "mlp": 0.95,
-        "cnn": 0.95,
-        "attention": 0.93,
-        "resnet": 0.95,
-        "lstm": 0.93,
-        "gru": 0.93,
-        "text_transformer": 0.7,
-    }
+        name: e.min_test_accuracy for name, e in REGISTRY.items()}
 
 
 class ExportSpec(_Section):

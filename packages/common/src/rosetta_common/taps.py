@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from rosetta_common.registry import entry
 from rosetta_common.spec import ModelConfig
 
 
@@ -78,7 +79,7 @@ def taps(config: ModelConfig, batch: int, length: int | None = None) -> list[Tap
             Tap("pool", (b, filters), f"{features}: the global mean, before dropout"),
             logits,
         ]
-    if arch in ("lstm", "gru"):
+    if entry(arch).family == "recurrent":
         steps = "(batch, time, hidden): after every time step (image row)"
         states = [Tap(f"{arch}.hidden", (b, height, a.hidden), steps)]
         if arch == "lstm":  # the cell state is computed first in each step: c_t, then h_t = o * tanh(c_t)

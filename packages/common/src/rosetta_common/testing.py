@@ -3,15 +3,29 @@ problems in all three, so their suites stay fast and can be read side by side.""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
+
 import numpy as np
 
 from rosetta_common.data import Dataset
 from rosetta_common.inputs import random_batch, random_tokens
-from rosetta_common.spec import ARCHITECTURES, TOKEN_ARCHITECTURES, ModelConfig, Spec, parse_spec
+from rosetta_common.registry import ARCHITECTURES, REGISTRY, entry
+from rosetta_common.spec import TOKEN_ARCHITECTURES, ModelConfig, Spec, parse_spec
 from rosetta_common.taps import first_divergent
 from rosetta_common.weights import Weights, canonical_shapes, random_weights
 
-ARCHS = ARCHITECTURES
+# The architectures the tests build and train: every registered one, or those this variable names (comma- or
+# space-separated; `make test-model MODEL=cnn`), in the registry's order. An unknown name is entry()'s SpecError.
+MODELS_VARIABLE = "ROSETTA_TEST_MODELS"
+
+
+def models_under_test(environ: Mapping[str, str] = os.environ) -> tuple[str, ...]:
+    named = [entry(name).name for name in environ.get(MODELS_VARIABLE, "").replace(",", " ").split()]
+    return tuple(name for name in ARCHITECTURES if not named or name in named)
+
+
+ARCHS = models_under_test()
 IMAGE_SHAPE = (8, 8)
 NUM_CLASSES = 10
 VOCAB_SIZE = 50  # the small token model's vocabulary and maximum length
@@ -19,17 +33,10 @@ MAX_LENGTH = 12
 
 
 def small_spec(**train: object) -> Spec:
-    """Small architectures (fast), otherwise params.yaml's defaults; `train` overrides the train section."""
+    """Small architectures (fast: each registry entry's `small` settings), otherwise params.yaml's defaults; `train`
+    overrides the train section."""
     return parse_spec({
-        "architecture": {
-            "mlp": {"hidden": 32},
-            "cnn": {"conv1_filters": 4, "conv2_filters": 8},
-            "attention": {"embed_dim": 32, "num_heads": 4, "mlp_dim": 48},
-            "resnet": {"stem_filters": 4, "block_filters": 6},
-            "lstm": {"hidden": 12},
-            "gru": {"hidden": 10},
-            "text_transformer": {"embed_dim": 16, "num_heads": 4, "mlp_dim": 24},
-        },
+        "architecture": {name: dict(e.small) for name, e in REGISTRY.items()},
         "train": {"epochs": 2, "batch_size": 16, **train},
         # one number for every model, so the optimizer references can take spec.optimizers.* as they are
         "optimizers": {"adam": {"learning_rate": 1e-3}, "sgd": {"learning_rate": 0.05}},

@@ -11,7 +11,6 @@ from rosetta_jax.train import apply_optimizer, configure, make_optimizer, train
 from rosetta_jax.weights import from_canonical, to_canonical
 
 FRAMEWORK = "jax"
-TOKEN_MODELS = ("text_transformer",)  # the token models it implements (rosetta_common.interface.architectures)
 
 __all__ = ["FRAMEWORK", "apply_optimizer", "build", "configure", "export_native", "export_onnx", "forward_train",
            "forward_with_taps", "from_canonical", "load_native", "make_optimizer", "model_config", "predict",

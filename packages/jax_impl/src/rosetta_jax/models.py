@@ -25,6 +25,7 @@ from flax import nnx
 from flax.nnx.nn import normalization as nnx_normalization
 
 from rosetta_common.inputs import PAD_ID
+from rosetta_common.registry import not_built
 from rosetta_common.spec import ModelConfig
 from rosetta_common.training import dropout_features
 from rosetta_common.weights import Weights
@@ -412,7 +413,9 @@ def image_model(config: ModelConfig, rngs: nnx.Rngs) -> Model:
                       config.num_classes, rngs=rngs)
     if config.arch == "lstm":
         return LSTMClassifier(width, a.hidden, config.num_classes, rngs=rngs)
-    return GRUClassifier(width, a.hidden, config.num_classes, rngs=rngs)  # "gru": no other image architecture
+    if config.arch == "gru":
+        return GRUClassifier(width, a.hidden, config.num_classes, rngs=rngs)
+    raise not_built(config.arch, "rosetta_jax")
 
 
 def build(config: ModelConfig, weights: Weights) -> Model:

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from rosetta_common.registry import entry
 from rosetta_common.spec import ModelConfig
 from rosetta_common.taps import Tap, module_sources, taps
 from rosetta_jax.models import model_input
@@ -140,7 +141,7 @@ def forward_with_taps(model: nnx.Module, images: np.ndarray) -> dict[str, np.nda
             value = model.block.attn.attention_weights(q, k)
         elif tap.name == "lstm.cell":
             value = _stepped_cells(model, x)
-        elif config.arch in ("lstm", "gru") and tap.name.endswith(".hidden"):
+        elif entry(config.arch).family == "recurrent" and tap.name.endswith(".hidden"):
             value = read[(path, kind)][1]  # nnx.RNN(return_carry=True) returns (carry, every step's output)
         else:
             value = read[(path, kind)]

@@ -21,7 +21,6 @@ from rosetta_tf.train import apply_optimizer, configure, make_optimizer, train
 from rosetta_tf.weights import from_canonical, to_canonical
 
 FRAMEWORK = "tf"
-TOKEN_MODELS = ("text_transformer",)  # the token models it implements (rosetta_common.interface.architectures)
 
 __all__ = [
     "FRAMEWORK",

@@ -25,16 +25,17 @@ from keras import layers, ops
 
 from rosetta_common.inputs import PAD_ID
 from rosetta_common.onnx_conventions import INPUT_NAME, TOKENS_NAME
-from rosetta_common.spec import (
+from rosetta_common.registry import (
     AttentionSpec,
     CNNSpec,
     GRUSpec,
     LSTMSpec,
     MLPSpec,
-    ModelConfig,
     ResNetSpec,
     TextTransformerSpec,
+    not_built,
 )
+from rosetta_common.spec import ModelConfig
 from rosetta_common.training import dropout_features
 from rosetta_common.weights import Weights, is_frozen
 from rosetta_tf import weights as _weights
@@ -431,7 +432,9 @@ def create(config: ModelConfig) -> keras.Model:
     if config.input.kind == "tokens":
         model = text_transformer(config.settings, int(config.vocab_size), int(config.max_length), config.num_classes)
         return freeze(attach_config(model, config))
-    builder = BUILDERS[config.arch]  # ModelConfig admits only these architectures
+    builder = BUILDERS.get(config.arch)
+    if builder is None:
+        raise not_built(config.arch, "rosetta_tf")
     return attach_config(builder(config.settings, config.image_shape, config.num_classes), config)
 
 

@@ -20,6 +20,7 @@ import numpy as np
 import tensorflow as tf
 from keras import layers
 
+from rosetta_common.registry import entry
 from rosetta_common.spec import ModelConfig
 from rosetta_common.taps import taps
 from rosetta_tf import models
@@ -140,7 +141,7 @@ def forward_with_taps(model: keras.Model, images: np.ndarray) -> dict[str, np.nd
     found: dict[str, Any] = {}
     if config.arch == "attention":
         found.update(_inside_block(model.get_layer("block"), read[("block", "input")]))
-    if config.arch in ("lstm", "gru"):
+    if entry(config.arch).family == "recurrent":
         found.update(_stepped(model.get_layer(config.arch), x))
     found.update({tap: _scores(model.get_layer(name), read) for tap, (name, kind) in sources.items()
                   if kind == "scores"})

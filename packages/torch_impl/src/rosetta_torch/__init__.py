@@ -12,7 +12,6 @@ from rosetta_torch.train import apply_optimizer, configure, make_optimizer, trai
 from rosetta_torch.weights import from_canonical, to_canonical
 
 FRAMEWORK = "torch"
-TOKEN_MODELS = ("text_transformer",)  # the token models it implements (rosetta_common.interface.architectures)
 
 __all__ = ["FRAMEWORK", "apply_optimizer", "build", "configure", "export_native", "export_onnx", "forward_train",
            "forward_with_taps", "from_canonical", "load_native", "make_optimizer", "model_config", "predict",

@@ -25,16 +25,17 @@ from torch import nn
 
 from rosetta_common.inputs import PAD_ID
 from rosetta_common.reference import same_padding
-from rosetta_common.spec import (
+from rosetta_common.registry import (
     AttentionSpec,
     CNNSpec,
     GRUSpec,
     LSTMSpec,
     MLPSpec,
-    ModelConfig,
     ResNetSpec,
     TextTransformerSpec,
+    not_built,
 )
+from rosetta_common.spec import ModelConfig
 from rosetta_common.training import dropout_features
 from rosetta_common.weights import Weights
 from rosetta_torch.weights import from_canonical
@@ -361,8 +362,8 @@ def create(config: ModelConfig) -> nn.Module:
         model = LSTMClassifier(width, s.hidden, num_classes)
     elif isinstance(s, GRUSpec):
         model = GRUClassifier(width, s.hidden, num_classes)
-    else:  # ModelConfig admits only the architectures above; a new one needs a module here
-        raise ValueError(f"architecture {config.arch!r} has no torch module")
+    else:
+        raise not_built(config.arch, "rosetta_torch")
     model.config = config
     return model
 

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from rosetta_common.registry import entry
 from rosetta_common.spec import ModelConfig
 from rosetta_common.taps import Tap, module_sources, taps
 from rosetta_torch.models import model_input
@@ -69,7 +70,7 @@ def _first(value: Any) -> torch.Tensor:
 
 def _canonical(config: ModelConfig, tap: Tap, value: torch.Tensor) -> np.ndarray:
     """torch's layout -> the tap's canonical one."""
-    if config.arch in ("cnn", "resnet") and len(tap.shape) == 4:  # NCHW, or the CNN head's (c, h, w) flatten
+    if entry(config.arch).family == "conv" and len(tap.shape) == 4:  # NCHW, or the CNN head's (c, h, w) flatten
         b, h, w, c = tap.shape
         value = value.reshape(b, c, h, w).permute(0, 2, 3, 1)
     elif tap.name in ("block.attn.query", "block.attn.key", "block.attn.value"):

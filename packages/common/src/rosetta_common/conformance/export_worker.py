@@ -14,9 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
-from rosetta_common.interface import architectures, load_backend
+from rosetta_common.interface import load_backend
 from rosetta_common.io import sha256
-from rosetta_common.testing import asymmetric_weights, random_inputs, small_config
+from rosetta_common.testing import ARCHS, asymmetric_weights, random_inputs, small_config
 
 WEIGHTS_SEED = 40  # asymmetric_weights' seed of every exported model
 IMAGES = np.random.default_rng(7).random((7, 8, 8), dtype=np.float32)  # the example batch of an image model
@@ -33,7 +33,7 @@ def export_all(framework: str, out: Path) -> dict[str, str]:
     backend = load_backend(framework)
     backend.configure(0)
     digests = {}
-    for arch in architectures(backend):
+    for arch in ARCHS:
         config = small_config(arch)
         model = backend.build(config, asymmetric_weights(config, WEIGHTS_SEED))
         folder = out / arch

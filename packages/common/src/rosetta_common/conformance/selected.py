@@ -1,15 +1,13 @@
-"""Which architectures the package under test implements (rosetta_common.interface.architectures): the text model
-is being added package by package, and a test of an architecture a package does not list is skipped, saying so."""
+"""The architectures under test: every registered one, or those ROSETTA_TEST_MODELS names (`make test-model`;
+rosetta_common.testing.ARCHS). A test of one architecture that is not among them is skipped, saying so."""
 
 from __future__ import annotations
 
-from types import ModuleType
-
 import pytest
 
-from rosetta_common.interface import architectures
+from rosetta_common.testing import ARCHS, MODELS_VARIABLE
 
 
-def skip_unless_implemented(backend: ModuleType, arch: str) -> None:
-    if arch not in architectures(backend):
-        pytest.skip(f"{backend.__name__} does not implement {arch} yet (its TOKEN_MODELS)")
+def skip_unless_tested(arch: str) -> None:
+    if arch not in ARCHS:
+        pytest.skip(f"{arch} is not under test ({MODELS_VARIABLE}={', '.join(ARCHS)})")

@@ -16,7 +16,7 @@ import pytest
 
 from rosetta_common.conformance.conftest import framework_under_test
 from rosetta_common.conformance.dp_worker import ARCHS
-from rosetta_common.conformance.implemented import skip_unless_implemented
+from rosetta_common.conformance.selected import skip_unless_tested
 from rosetta_common.distributed import Cluster, free_ports
 from rosetta_common.errors import DistributedError
 from rosetta_common.testing import asymmetric_weights, learnable_data, small_config, small_spec
@@ -55,7 +55,7 @@ def test_two_workers_train_as_one_process(backend: ModuleType, two_worker_run: l
                                           two_runs: list[dict[str, np.ndarray]], arch: str) -> None:
     """Against the single-process run of conftest.py's two_processes (train_worker: the same weights, plan and
     data as dp_worker's, a fresh build trained by `train`)."""
-    skip_unless_implemented(backend, arch)
+    skip_unless_tested(arch)
     single = two_runs[0]
     losses = single[f"{arch}/step_losses"]
     weights = {k.split("/weights/", 1)[1]: v for k, v in single.items() if k.startswith(f"{arch}/weights/")}
@@ -73,7 +73,7 @@ def test_two_workers_train_as_one_process(backend: ModuleType, two_worker_run: l
 @pytest.mark.parametrize("arch", ARCHS)
 def test_every_worker_holds_the_same_model(backend: ModuleType, two_worker_run: list, arch: str) -> None:
     """The engine keeps the replicas in step: the workers' weights and reported losses are identical."""
-    skip_unless_implemented(backend, arch)
+    skip_unless_tested(arch)
     first, *others = two_worker_run
     for rank, run in enumerate(others, start=1):
         np.testing.assert_array_equal(run[f"{arch}/step_losses"], first[f"{arch}/step_losses"], f"rank {rank}")

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import ModuleType
 
 import numpy as np
 import pytest
 
-from rosetta_common.conformance.implemented import skip_unless_implemented
+from rosetta_common.conformance.selected import skip_unless_tested
 from rosetta_common.errors import WeightsError
 from rosetta_common.inputs import padding_mask
 from rosetta_common.metrics import max_abs_diff
 from rosetta_common.reference import forward, forward_train, text_transformer
+from rosetta_common.registry import REGISTRY, Section
 from rosetta_common.spec import ModelConfig, Spec
 from rosetta_common.testing import (
     NUM_CLASSES,
@@ -26,6 +28,19 @@ from rosetta_common.weights import Weights, canonical_shapes, is_statistic
 
 FORWARD_ABS = Spec().tolerances.forward_parity_abs  # the bound the validate stage applies between frameworks
 NON_SQUARE = (6, 10)  # height != width: a swapped axis or an assumed square image cannot pass
+
+
+def test_a_registered_architecture_without_a_builder_is_one_error(backend: ModuleType, monkeypatch) -> None:
+    """A model added to the registry before its package builds it: one error naming it and the package."""
+
+    class TCNSpec(Section):
+        filters: int = 4
+
+    monkeypatch.setitem(REGISTRY, "tcn", replace(REGISTRY["mlp"], name="tcn", settings=TCNSpec))
+    config = ModelConfig.model_construct(arch="tcn", image_shape=(8, 8), num_classes=NUM_CLASSES,
+                                         settings=TCNSpec())
+    with pytest.raises(NotImplementedError, match=rf"^architecture = 'tcn': registered, but {backend.__name__} "):
+        backend.build(config, {})
 
 
 def test_canonical_round_trip_is_exact(backend: ModuleType, arch: str) -> None:
@@ -88,7 +103,7 @@ def test_predict_handles_a_single_image(backend: ModuleType, arch: str, inputs: 
 
 def test_padding_changes_nothing(backend: ModuleType) -> None:
     """A token model's answer for a text does not depend on how far it is padded, nor on the rest of the batch."""
-    skip_unless_implemented(backend, "text_transformer")
+    skip_unless_tested("text_transformer")
     config = small_config("text_transformer")
     model = backend.build(config, asymmetric_weights(config, 9))
     tokens = random_inputs(config, 6, 16, length=6)
@@ -104,7 +119,7 @@ def test_padding_changes_nothing(backend: ModuleType) -> None:
 def test_a_bad_token_input_is_one_line(backend: ModuleType, value: str, message: str) -> None:
     from rosetta_common.errors import InputError
 
-    skip_unless_implemented(backend, "text_transformer")
+    skip_unless_tested("text_transformer")
     config = small_config("text_transformer")
     model = backend.build(config, asymmetric_weights(config, 9))
     good = random_inputs(config, 2, 3)
@@ -271,7 +286,7 @@ def test_a_planted_convention_mistake_is_caught(backend: ModuleType, arch_name: 
     """Each convention that differs between frameworks, planted wrongly: the package's model must agree with
     the reference and disagree with the planted version by far more than the tolerance the checks above use,
     so a package that made the mistake could not pass them."""
-    skip_unless_implemented(backend, arch_name)
+    skip_unless_tested(arch_name)
     config = small_config(arch_name, NON_SQUARE)
     weights = asymmetric_weights(config, 14)
     images, mask = _training_batch(config)

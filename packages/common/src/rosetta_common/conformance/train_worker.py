@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 
 from rosetta_common.data import Dataset
-from rosetta_common.interface import architectures, load_backend
-from rosetta_common.testing import asymmetric_weights, learnable_data, small_config, small_spec
+from rosetta_common.interface import load_backend
+from rosetta_common.testing import ARCHS, asymmetric_weights, learnable_data, small_config, small_spec
 from rosetta_common.training import StepHook, plan
 
 # Two steps inside the first epoch and the last of the run (small_spec: 2 epochs of 8 steps). Not step 1: when a
@@ -42,7 +42,7 @@ def main(framework: str, out: str, mode: str) -> None:
     backend.configure(0)
     spec = small_spec()
     arrays: dict[str, np.ndarray] = {}
-    for arch in architectures(backend):
+    for arch in ARCHS:
         config = small_config(arch)
         data = learnable_data(tokens=config.input.kind == "tokens")
         train_plan = plan(spec, arch, len(data.train_labels))
