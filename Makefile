@@ -29,9 +29,9 @@ repro: setup
 	dvc repro
 
 # Each framework's environment runs the same conformance suite against its own package, then that package's
-# own tests (only what is specific to one framework). tooling/run_tests.py holds the command lines.
+# own tests (only what is specific to one framework). tooling/build/run_tests.py holds the command lines.
 test-frameworks: setup
-	python -m tooling.run_tests frameworks
+	python -m tooling.build.run_tests frameworks
 
 # Headless Chromium and its WebDriver for the report's browser test (Debian's packages; Selenium is told the
 # driver's path and never downloads a browser or driver).
@@ -53,15 +53,15 @@ test-unit: $(VENV)/.installed
 # building and training only that model: make test-model MODEL=cnn (several: MODEL="cnn gru").
 .PHONY: test-model
 test-model: setup
-	python -m tooling.run_tests model --model "$(MODEL)"
+	python -m tooling.build.run_tests model --model "$(MODEL)"
 
 test-cross: setup browser
-	python -m tooling.run_tests cross
+	python -m tooling.build.run_tests cross
 
-# Both, side by side: the framework suites one after another beside the cross-cutting suite (tooling/run_tests.py
+# Both, side by side: the framework suites one after another beside the cross-cutting suite (tooling/build/run_tests.py
 # says why); the cross-cutting suite prints live, each framework suite when it ends.
 test: setup browser
-	python -m tooling.run_tests
+	python -m tooling.build.run_tests
 
 lint: $(VENV)/.installed
 	ruff check .
@@ -70,7 +70,7 @@ lint: $(VENV)/.installed
 # (checked in a fresh copy of this checkout without outputs, as CI sees it).
 .PHONY: lock-check
 lock-check: $(VENV)/.installed
-	python -m tooling.dvc_lock_check
+	python -m tooling.build.dvc_lock_check
 
 # The four model servers (docs/serving.md) on 127.0.0.1, on the finished run's artifacts, until Ctrl-C: torch
 # REST on SERVE_PORT and gRPC on SERVE_PORT+1, then tf (+2, +3), jax (+4, +5), onnx (+6, +7: ONNX_FROM's model.onnx).
@@ -83,7 +83,7 @@ serve: setup
 locks: $(VENV)/.installed
 	python -m uv pip compile pyproject.toml --generate-hashes --python-version 3.11 \
 		--python-platform x86_64-manylinux_2_28 --no-header --no-annotate --quiet -o requirements.lock
-	python -m tooling.env_locks
+	python -m tooling.build.env_locks
 
 clean-envs:
 	rm -rf .envs
@@ -92,7 +92,7 @@ clean-envs:
 # a Debian base made with debootstrap, wheels downloaded on the host, a container engine started if none answers.
 .PHONY: images test-containers
 images: $(VENV)/.installed
-	python -m tooling.images build --variant cpu
+	python -m tooling.build.images build --variant cpu
 
 # Builds the CPU images, runs the tiny pipeline locally, then reruns its image-using stages in containers
 # (ROSETTA_RUNTIME=container) in a copy of it.
@@ -103,14 +103,14 @@ test-containers: $(VENV)/.installed
 # wheels. Several GB of wheels, so none of these is part of `make test`.
 .PHONY: images-cuda smoke-cuda test-cuda gpu-check
 images-cuda: $(VENV)/.installed
-	python -m tooling.images build --variant cuda --clean
+	python -m tooling.build.images build --variant cuda --clean
 
 # The smoke check in each CUDA image: CUDA builds present, CUDAExecutionProvider listed, TF32 off, and where no GPU
 # is visible one line saying the framework runs on the CPU.
 smoke-cuda: $(VENV)/.installed
 	for env in torch tf jax validation; do \
-		ROSETTA_RUNTIME=container ROSETTA_VARIANT=cuda python -m pipelines.runner $$env -- python -m tooling.cuda_smoke \
-			|| exit 1; \
+		ROSETTA_RUNTIME=container ROSETTA_VARIANT=cuda python -m pipelines.runner $$env -- \
+			python -m tooling.devices.cuda_smoke || exit 1; \
 	done
 
 # Builds (or confirms) the CUDA images, smoke-checks them, then the tiny pipeline in them (CPU fallback without a GPU).
@@ -120,10 +120,10 @@ test-cuda: $(VENV)/.installed
 # On a GPU host with the NVIDIA Container Toolkit: the CUDA images on the GPU, the tiny pipeline, a report in
 # reports/gpu-check/. Refuses in one line anywhere else.
 gpu-check: $(VENV)/.installed
-	python -m tooling.gpu_check
+	python -m tooling.devices.gpu_check
 
 # The JAX stage on a TPU host at both matrix precisions, judged against the CPU runs of `make repro`, with a report
 # in reports/tpu-check/ (docs/tpu.md). Refuses in one line, exit 2, where no TPU is visible.
 .PHONY: tpu-check
 tpu-check: $(VENV)/.installed
-	@python -m tooling.tpu_check
+	@python -m tooling.devices.tpu_check

@@ -1,7 +1,7 @@
 # rosetta-<env>:<variant>: one environment's lock, installed offline and hash-checked, and nothing else. One recipe
 # for all four environments (torch, tf, jax, validation) and both variants (cpu, cuda): what differs between them
 # is data (pyproject.toml's [tool.rosetta.environments] and the locks), passed as build arguments by
-# `python -m tooling.images build`:
+# `python -m tooling.build.images build`:
 #   ENV_NAME     the environment (its lock is the build context's requirements.lock)
 #   TITLE        how the image describes it
 #   BASE_IMAGE   rosetta-base:bookworm for both variants: Debian bookworm made locally by debootstrap (its python3 is the

@@ -5,7 +5,7 @@
 Images hold only their environment's lock; the checkout is mounted at its own path and put on PYTHONPATH, so a
 stage runs the code it was started from, as with the local runtime. The command line is built by pure functions
 (`container_environment`, `run_command`) so tests can check it without an engine. Making the images (engine
-start-up, base image, wheelhouses, builds) is tooling/images.py; this module only runs them.
+start-up, base image, wheelhouses, builds) is tooling/build/images.py; this module only runs them.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pipelines.environments import REPO_ROOT, lock_path, lock_sha256, stage_envi
 
 ENGINES = ("docker", "podman")
 VENV = Path("/opt/venv")  # where the recipe puts the environment
-BUILD_HINT = "python -m tooling.images build --variant {variant} {env}"
+BUILD_HINT = "python -m tooling.build.images build --variant {variant} {env}"
 # Host variables a stage may be tuned with (determinism, threads, device choice, log levels) pass through;
 # everything else on the host (PATH, its virtualenv, HOME, credentials) stays out of the container.
 PASS_PREFIXES = ("ROSETTA_", "TF_", "XLA_", "JAX_", "CUBLAS_", "CUDNN_", "KERAS_", "TORCH_", "OMP_", "MKL_", "NVIDIA_")
@@ -238,7 +238,7 @@ def select_engine(host_env: Mapping[str, str] | None = None) -> Engine:
             return Engine(name, rootless)
         problems.append(f"{name} does not answer ({why})")
     raise SystemExit(
-        f"error: {'; '.join(problems)}: install or start one (python -m tooling.images engine starts dockerd"
+        f"error: {'; '.join(problems)}: install or start one (python -m tooling.build.images engine starts dockerd"
         " where it can), or run with ROSETTA_RUNTIME=local"
     )
 

@@ -18,7 +18,8 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 VARIANTS = ("cpu", "cuda")
-# Every lock is resolved for this interpreter and platform (tooling/env_locks.py); images install for them too.
+# Every lock is resolved for this interpreter and platform (tooling/build/env_locks.py); images install for
+# them too.
 PYTHON_VERSION = "3.11"
 PLATFORM = "x86_64-manylinux_2_28"
 

@@ -50,7 +50,7 @@ def lock_digest(env: str, variant: str) -> str:
     lock = lock_path(env, variant)
     if not lock.is_file():
         raise SystemExit(
-            f"error: lock file {lock.relative_to(REPO_ROOT)} is missing; run python -m tooling.env_locks {env}"
+            f"error: lock file {lock.relative_to(REPO_ROOT)} is missing; run python -m tooling.build.env_locks {env}"
         )
     return lock_sha256(lock, f"python{sys.version_info.major}.{sys.version_info.minor}".encode())
 

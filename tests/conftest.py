@@ -12,8 +12,8 @@ sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).resolve().parents
 
 from support import TinyRun, run_tiny_pipeline, shared_tiny_pipeline  # noqa: E402  (needs the path above)
 
-# Under pytest-xdist (`make test` runs this suite on two workers, tooling/run_tests.py) every test file runs whole on
-# one worker, so a module's fixtures are made once; test_planted_porting_bugs.py runs beside test_taps_localize.py,
+# Under pytest-xdist (`make test` runs this suite on two workers, tooling/build/run_tests.py) every test file runs whole
+# on one worker, so a module's fixtures are made once; test_planted_porting_bugs.py runs beside test_taps_localize.py,
 # whose planted rounds it judges too (planted_runs below).
 SAME_WORKER = {"tests/pipeline/test_planted_porting_bugs.py": "tests/pipeline/test_taps_localize.py"}
 

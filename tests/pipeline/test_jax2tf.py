@@ -1,6 +1,6 @@
-"""The jax2tf route (tooling/jax2tf): a rosetta_jax model converted to a TensorFlow SavedModel, reloaded by TF 2.21 in
-a fresh process, and its logits compared with JAX's under the fp32 export bound of params.yaml; in the environment
-that holds both frameworks, built from its own lock, which must stay the union of the tf and jax locks."""
+"""The jax2tf route (tooling/build/jax2tf): a rosetta_jax model converted to a TensorFlow SavedModel, reloaded by
+TF 2.21 in a fresh process, and its logits compared with JAX's under the fp32 export bound of params.yaml; in the
+environment that holds both frameworks, built from its own lock, which must stay the union of the tf and jax locks."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 from pipelines.environments import lock_path
 from rosetta_common.testing import asymmetric_weights, small_config
 from rosetta_common.weights import save_weights
-from tooling.jax2tf import env
+from tooling.build.jax2tf import env
 
 REPO = Path(__file__).resolve().parents[2]
 # Dense layers, convolutions with BatchNorm's statistics, and lax.scan (a While loop inside the XlaCallModule op).
@@ -25,7 +25,7 @@ ARCHS = ("mlp", "cnn", "lstm")
 
 def test_lock_is_the_union_of_the_tf_and_jax_locks() -> None:
     """Every distribution of either lock, at its version and with its hashes, and nothing else: what holds both
-    frameworks is exactly what each was tested with (`python -m tooling.jax2tf.env lock` rewrites it)."""
+    frameworks is exactly what each was tested with (`python -m tooling.build.jax2tf.env lock` rewrites it)."""
     union = env.entries(env.LOCK)
     sources = [env.entries(lock_path(name, "cpu")) for name in env.SOURCES]
     assert set(union) == set().union(*sources)
@@ -35,8 +35,9 @@ def test_lock_is_the_union_of_the_tf_and_jax_locks() -> None:
 
 
 def jax2tf(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tooling.jax2tf.env", "run", "--", "python", "-m",
-                           "tooling.jax2tf.export", *args], cwd=REPO, capture_output=True, text=True, timeout=1200)
+    return subprocess.run([sys.executable, "-m", "tooling.build.jax2tf.env", "run", "--", "python", "-m",
+                           "tooling.build.jax2tf.export", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=1200)
 
 
 @pytest.fixture(scope="module")

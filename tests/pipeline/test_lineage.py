@@ -13,7 +13,7 @@
   `models` edited and committed there), the first two of every stage, one with replicates: every moment is
   still there, at a quarter of the time, and each file it writes must be the uninterrupted run's, byte for byte
   (every model's init, run folder and data are its own files, whatever else the run trains);
-- `python -m tooling.dvc_lock_check` (`make lock-check`) fails, naming the stage, when code or params changed
+- `python -m tooling.build.dvc_lock_check` (`make lock-check`) fails, naming the stage, when code or params changed
   since dvc.lock was written, and passes on this checkout (its committed dvc.lock) and on a finished run.
 
 Slow (the TINY run's data, init and two train_export stages again, killed five times). Every DVC command runs in
@@ -47,7 +47,7 @@ from support.lineage import (
     repro_and_kill,
     subset_differences,
 )
-from tooling.dvc_lock_check import pipeline_stages
+from tooling.build.dvc_lock_check import pipeline_stages
 
 # Five moments that exist on a machine of any speed. Four are inside a train_export stage, which holds there until
 # it is killed (pipelines.measurements' test hold); one is DVC's own work, keyed to the line DVC prints as it
@@ -183,8 +183,8 @@ def test_dvc_repro_killed_between_two_models(tiny_pipeline: TinyRun, killed_clon
 
 
 def lock_check(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tooling.dvc_lock_check", *args], cwd=REPO, env=orchestrator_env(),
-                          capture_output=True, text=True, check=False)
+    return subprocess.run([sys.executable, "-m", "tooling.build.dvc_lock_check", *args], cwd=REPO,
+                          env=orchestrator_env(), capture_output=True, text=True, check=False)
 
 
 def test_committed_lock_is_in_step_with_code_and_params() -> None:

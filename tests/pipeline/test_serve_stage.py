@@ -206,7 +206,7 @@ def test_a_token_answer_one_ulp_off_fails_validate_naming_the_check(copy: TinyRu
     logit moved by one ulp and the hash re-recorded: only served_native_vs_in_process_v1 of text_transformer/torch
     fails (recorded under the architecture, as every check)."""
     if "text_transformer" not in load_spec(copy.root / "params.yaml").models:
-        pytest.skip("the tiny run has no text_transformer (tooling/tiny_run.py MODELS): no token answer to move")
+        pytest.skip("the tiny run has no text_transformer (tooling/build/tiny_run.py MODELS): no token answer to move")
     moved: list[float] = []
 
     def one_ulp_up(logits: np.ndarray) -> None:

@@ -1,5 +1,5 @@
-"""tooling.where_they_part: a user's own weights through each framework (in its own environment) and the float64
-reference, tap by tap. Bad input is one line and exit 2; one real run through torch's environment."""
+"""tooling.diagnose.where_they_part: a user's own weights through each framework (in its own environment) and the
+float64 reference, tap by tap. Bad input is one line and exit 2; one real run through torch's environment."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from rosetta_common.testing import asymmetric_weights
 from rosetta_common.weights import load_weights, save_weights
 from support import REPO, orchestrator_env
 
-TOOL = [sys.executable, "-m", "tooling.where_they_part"]
+TOOL = [sys.executable, "-m", "tooling.diagnose.where_they_part"]
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -81,7 +81,7 @@ def test_a_framework_that_parts_is_named_at_its_first_divergent_tap(
         mlp_weights: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """In process, with two frameworks' taps stood in for (the reference's, one of them off from hidden.relu
     on): the table marks the taps over the tolerance, and each comparison names where it parts (exit 1)."""
-    from tooling import where_they_part
+    from tooling.diagnose import where_they_part
 
     def planted(framework: str, arch: str, weights: Path, images: object, classes: int,
                 scratch: Path) -> dict[str, np.ndarray]:

@@ -17,7 +17,7 @@ sys.path.insert(0, str(REPO))
 
 # The tiny run (its params, the copy, the environment) is tooling's, shared with `make gpu-check`; the tests
 # take it from here as before.
-from tooling.tiny_run import (  # noqa: E402, F401  (needs the path above; re-exported for the tests)
+from tooling.build.tiny_run import (  # noqa: E402, F401  (needs the path above; re-exported for the tests)
     MODELS,
     TINY,
     TinyRun,

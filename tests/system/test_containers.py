@@ -36,7 +36,7 @@ from rosetta_common.io import sha256
 from support import REPO, orchestrator_env
 from support.integrity import tree
 from support.lineage import copy_run
-from tooling import images
+from tooling.build import images
 
 RECIPES = sorted((REPO / "containers").glob("*.Dockerfile"))
 UID, GID = 4242, 4343
@@ -306,7 +306,7 @@ def test_missing_image_names_the_command_that_builds_it(monkeypatch):
     monkeypatch.setattr(containers, "image_labels", lambda engine, image: None)
     with pytest.raises(
         SystemExit,
-        match=r"image rosetta-tf:cpu is missing .*python -m tooling.images build "
+        match=r"image rosetta-tf:cpu is missing .*python -m tooling.build.images build "
         r"--variant cpu tf \(or: make images\)",
     ):
         containers.check_image(Engine("docker"), "tf", "cpu")
@@ -363,14 +363,14 @@ def engine() -> Engine:
 
 @pytest.fixture(scope="module")
 def built_images(engine) -> dict[str, float]:
-    """Build (or keep, where current: tooling.images.is_current) the four CPU images with the documented
+    """Build (or keep, where current: tooling.build.images.is_current) the four CPU images with the documented
     command."""
     try:
         images.make_base(engine)
     except (SystemExit, subprocess.CalledProcessError) as exc:  # no debootstrap, not root, no Debian mirror
         pytest.skip(f"the local base image {images.BASE} cannot be made: {exc}")
     result = subprocess.run(
-        [sys.executable, "-m", "tooling.images", "build", "--variant", "cpu"],
+        [sys.executable, "-m", "tooling.build.images", "build", "--variant", "cpu"],
         cwd=REPO,
         env=orchestrator_env(),
         capture_output=True,

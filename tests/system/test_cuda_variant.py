@@ -27,7 +27,7 @@ import pytest
 from pipelines import containers
 from pipelines.environments import ENVIRONMENTS, FRAMEWORKS, lock_path
 from support import REPO, copy_repo, orchestrator_env
-from tooling import env_locks, images
+from tooling.build import env_locks, images
 
 PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+?)(?:\s|$)", re.MULTILINE)
 
@@ -41,7 +41,8 @@ def pins(env: str, variant: str) -> dict[str, str]:
 
 @pytest.mark.parametrize("env", list(ENVIRONMENTS))
 def test_cuda_lock_keeps_every_version_the_cpu_lock_has(env):
-    """The CUDA lock is resolved under the CPU lock's pins (tooling/env_locks.py): numpy, protobuf, onnx, ... match."""
+    """The CUDA lock is resolved under the CPU lock's pins (tooling/build/env_locks.py): numpy, protobuf, onnx, ...
+    match."""
     cpu, cuda = pins(env, "cpu"), pins(env, "cuda")
     differ = {name: (cpu[name], cuda[name]) for name in cpu.keys() & cuda.keys()
               if cpu[name].split("+")[0] != cuda[name]}
@@ -96,7 +97,7 @@ def cuda_images() -> dict[str, int]:
         images.make_base(engine)
     except (SystemExit, subprocess.CalledProcessError) as exc:
         pytest.skip(f"no container engine or base image: {exc}")
-    built = subprocess.run([sys.executable, "-m", "tooling.images", "build", "--variant", "cuda", "--clean"],
+    built = subprocess.run([sys.executable, "-m", "tooling.build.images", "build", "--variant", "cuda", "--clean"],
                            cwd=REPO, env=orchestrator_env(), capture_output=True, text=True, check=False)
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
     return {env: images.image_size(engine, containers.image_name(env, "cuda")) for env in ENVIRONMENTS}
@@ -106,7 +107,7 @@ def cuda_images() -> dict[str, int]:
 @pytest.mark.parametrize("env", list(ENVIRONMENTS))
 def test_smoke_check_in_the_cuda_image(cuda_images, env):
     done = subprocess.run(
-        [sys.executable, "-m", "pipelines.runner", env, "--", "python", "-m", "tooling.cuda_smoke"],
+        [sys.executable, "-m", "pipelines.runner", env, "--", "python", "-m", "tooling.devices.cuda_smoke"],
         cwd=REPO, env=orchestrator_env(ROSETTA_RUNTIME="container", ROSETTA_VARIANT="cuda"),
         capture_output=True, text=True, check=False)
     print(f"\n[cuda] rosetta-{env}:cuda ({cuda_images[env] / 1e9:.2f} GB):\n{done.stdout}", file=sys.stderr)

@@ -1,7 +1,7 @@
-"""tooling/figures.py: every timing and count the docs quote is docs/figures.yaml's, and the checker finds what it is
-for: a number that differs from the file (naming the page, the key and both values), a marker naming no figure, a
-timing or count with no marker, a figure from a committed record (tpu/) that the record contradicts; `update`
-reads a run's figures from the files the run writes (a small fake run in tmp_path). Files only: no run, no
+"""tooling/build/figures.py: every timing and count the docs quote is docs/figures.yaml's, and the checker finds
+what it is for: a number that differs from the file (naming the page, the key and both values), a marker naming no
+figure, a timing or count with no marker, a figure from a committed record (RECORDS) that the record contradicts;
+`update` reads a run's figures from the files the run writes (a small fake run in tmp_path). Files only: no run, no
 framework."""
 
 from __future__ import annotations
@@ -15,17 +15,18 @@ import pytest
 import yaml
 
 from support import REPO
-from tooling import figures
+from tooling.build import figures
 
 KNOWN = figures.figures(figures.read_file(REPO / figures.FIGURES))
+RECORDS = "tooling/devices/tpu_results"  # the committed records docs/figures.yaml reads: the TPU check's results
 
 
 def copy_of(tmp_path: Path, doc: str, old: str, new: str) -> Path:
-    """A repository in tmp_path holding docs/figures.yaml, the committed records it reads (tpu/) and a copy of
-    `doc` with `old` changed to `new`."""
+    """A repository in tmp_path holding docs/figures.yaml, the committed records it reads (RECORDS) and a copy
+    of `doc` with `old` changed to `new`."""
     (tmp_path / "docs").mkdir(exist_ok=True)
     shutil.copyfile(REPO / figures.FIGURES, tmp_path / figures.FIGURES)
-    shutil.copytree(REPO / "tpu", tmp_path / "tpu", dirs_exist_ok=True)
+    shutil.copytree(REPO / RECORDS, tmp_path / RECORDS, dirs_exist_ok=True)
     text = (REPO / doc).read_text()
     assert text.count(old) == 1, f"{doc} no longer holds {old!r} once"
     copy = tmp_path / doc
@@ -56,7 +57,7 @@ def test_the_docs_quote_the_headline_figures_the_file_holds() -> None:
 def test_the_file_is_as_update_writes_it() -> None:
     text = (REPO / figures.FIGURES).read_text()
     assert figures.render(figures.read_file(REPO / figures.FIGURES), figures.header_of(text)) == text, (
-        f"{figures.FIGURES} is not in the form `python -m tooling.figures update` writes (one figure a line, "
+        f"{figures.FIGURES} is not in the form `python -m tooling.build.figures update` writes (one figure a line, "
         "{value: ..., unit: ...}): update would rewrite it")
 
 
@@ -148,8 +149,8 @@ def test_a_committed_record_is_read_again(tmp_path: Path) -> None:
     path.write_text(path.read_text().replace(f"tpu_highest_checks: {{value: {real},",
                                              f"tpu_highest_checks: {{value: {real + 1},"))
     problems = figures.check(tmp_path, docs=[])
-    assert problems == [f"{figures.FIGURES}: tpu_highest_checks is {real + 1:,}, tpu/result-highest.json "
-                        f"summary.checks gives {real:,} (python -m tooling.figures update tpu_highest)"]
+    assert problems == [f"{figures.FIGURES}: tpu_highest_checks is {real + 1:,}, {RECORDS}/result-highest.json "
+                        f"summary.checks gives {real:,} (python -m tooling.build.figures update tpu_highest)"]
 
 
 @pytest.mark.parametrize(("figure", "says"), [

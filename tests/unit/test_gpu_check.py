@@ -1,6 +1,6 @@
 """`make gpu-check` where it can be tested, which is anywhere: its refusal without a GPU (one line, exit 2), and
 its report, written from a fake result file; and the pure parts of the CUDA images' smoke check
-(tooling/cuda_smoke.py). What needs a GPU (the runs themselves) is `make gpu-check`'s alone."""
+(tooling/devices/cuda_smoke.py). What needs a GPU (the runs themselves) is `make gpu-check`'s alone."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ import pytest
 from pipelines import containers
 from pipelines.containers import Engine
 from support import REPO, orchestrator_env
-from tooling import cuda_smoke, gpu_check, images
+from tooling.build import images
+from tooling.devices import cuda_smoke, gpu_check
 
 FAKE = {
     "host": {"gpus": ["GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0)"]},
@@ -50,7 +51,7 @@ def report(tmp_path: Path, result: dict) -> tuple[subprocess.CompletedProcess[st
     fake = tmp_path / "result.json"
     fake.write_text(json.dumps(result))
     out = tmp_path / "out"
-    done = subprocess.run([sys.executable, "-m", "tooling.gpu_check", "report", str(fake), "--out", str(out)],
+    done = subprocess.run([sys.executable, "-m", "tooling.devices.gpu_check", "report", str(fake), "--out", str(out)],
                           cwd=REPO, env=orchestrator_env(), capture_output=True, text=True, check=False)
     return done, out
 
@@ -61,7 +62,7 @@ def report(tmp_path: Path, result: dict) -> tuple[subprocess.CompletedProcess[st
 def test_gpu_check_refuses_without_a_gpu_in_one_line():
     env = orchestrator_env()
     env["PATH"] = str(Path(sys.executable).parent)  # no nvidia-smi on it, whatever this host has
-    done = subprocess.run([sys.executable, "-m", "tooling.gpu_check"], cwd=REPO, env=env, capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "tooling.devices.gpu_check"], cwd=REPO, env=env, capture_output=True,
                           text=True, check=False)
     assert done.returncode == 2
     assert done.stdout == ""

@@ -129,7 +129,8 @@ def test_type_only_imports_are_scanned(tmp_path):
 
 def test_the_scan_sees_our_modules():
     assert {"pipelines.runner", "pipelines.environments", "pipelines.containers", "rosetta_common"} <= set(MODULES)
-    assert {"tooling.images", "tooling.gpu_check", "tooling.tiny_run", "support", "test_imports"} <= set(MODULES)
+    assert {"tooling.build.images", "tooling.devices.gpu_check", "tooling.diagnose.where_they_part", "support",
+            "test_imports"} <= set(MODULES)
     assert any(m.startswith("rosetta_torch") for m in MODULES)
 
 

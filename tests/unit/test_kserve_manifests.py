@@ -21,7 +21,7 @@ from pipelines.serving.servers import SERVERS
 from rosetta_common import serving
 from rosetta_common.serving import cli
 from rosetta_common.spec import load_spec
-from tooling import kserve_manifests as km
+from tooling.build import kserve_manifests as km
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -48,7 +48,7 @@ def test_the_vendored_schema_is_the_one_recorded() -> None:
 
 @pytest.mark.parametrize("server", SERVERS)
 def test_committed_manifest_is_what_the_module_writes(server: str) -> None:
-    """Drift from SERVERS, the runner's pins or the ports fails here: rerun `python -m tooling.kserve_manifests
+    """Drift from SERVERS, the runner's pins or the ports fails here: rerun `python -m tooling.build.kserve_manifests
     write`. OPENBLAS_CORETYPE is left out on both sides: the runner drops it on a CPU without AVX2."""
     def without_openblas(document: dict[str, Any]) -> dict[str, Any]:
         env = container(document)["env"]
@@ -160,7 +160,7 @@ def test_planted_invalid_manifest_fails(change: str, field: str, schema: dict[st
 def test_check_command_refuses_a_bad_manifest_in_one_line(tmp_path: Path) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(planted("port as a string")))
-    done = subprocess.run([sys.executable, "-m", "tooling.kserve_manifests", "check", str(path)], cwd=REPO,
+    done = subprocess.run([sys.executable, "-m", "tooling.build.kserve_manifests", "check", str(path)], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 1 and done.stdout == ""
     assert done.stderr.count("\n") == 1 and done.stderr.startswith(f"error: {path}: ")

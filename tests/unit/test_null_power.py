@@ -1,6 +1,6 @@
-"""tooling/null_power.py: the measured null's power from its design, with the validate stage's own test. Few draws
-and relabellings (seconds): what is checked is that the simulation sees what the test must see, not the table's
-figures."""
+"""tooling/diagnose/null_power.py: the measured null's power from its design, with the validate stage's own test.
+Few draws and relabellings (seconds): what is checked is that the simulation sees what the test must see, not the
+table's figures."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 
 from pipelines.checks.replicate_null import pooled_p
 from support import REPO
-from tooling import null_power
+from tooling.diagnose import null_power
 
 ALPHA = 0.05 / 3
 
@@ -82,7 +82,7 @@ def test_a_wider_framework_fails_more_often_than_equal_ones() -> None:
     (["--families", "4", "0"], "--families 0"), (["--spread", "0"], "--spread 0.0"),
     (["--first", "6"], "--first 6"), (["--futility", "0"], "--futility 0.0")])
 def test_bad_arguments_are_one_error_line(argv: list[str], named: str) -> None:
-    done = subprocess.run([sys.executable, "-m", "tooling.null_power", *argv], cwd=REPO, capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "tooling.diagnose.null_power", *argv], cwd=REPO, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.count("\n") == 1 and done.stderr.startswith(f"error: {named}: "), done.stderr

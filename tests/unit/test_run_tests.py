@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from support import REPO, TinyRun
-from tooling import run_tests, tiny_run
+from tooling.build import run_tests, tiny_run
 
 
 def test_the_cross_cutting_suite_runs_on_two_workers_unless_told(monkeypatch: pytest.MonkeyPatch,
@@ -25,7 +25,7 @@ def test_the_cross_cutting_suite_runs_on_two_workers_unless_told(monkeypatch: py
 
 
 def test_a_bad_worker_count_is_one_line_before_anything_starts(tmp_path: Path) -> None:
-    result = subprocess.run([sys.executable, "-m", "tooling.run_tests", "cross"], cwd=REPO, capture_output=True,
+    result = subprocess.run([sys.executable, "-m", "tooling.build.run_tests", "cross"], cwd=REPO, capture_output=True,
                             text=True, env={"PATH": "/usr/bin:/bin", "ROSETTA_TEST_WORKERS": "two"}, timeout=60,
                             check=False)
     assert result.returncode != 0 and result.stdout == ""

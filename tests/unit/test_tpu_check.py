@@ -1,7 +1,7 @@
 """`make tpu-check` where it can be tested, which is anywhere: its refusal without a TPU (one line, exit 2), the
-bounds derived from the recorded op-accuracy file (tpu/op_accuracy.json, measured on a TPU v5e), the TPU lock,
-and the judgement and report section from the recorded results (tpu/result-*.json). The TPU runs themselves are
-`make tpu-check`'s alone."""
+bounds derived from the recorded op-accuracy file (tooling/devices/tpu_results/op_accuracy.json, measured on a TPU
+v5e), the TPU lock, and the judgement and report section from the recorded results
+(tooling/devices/tpu_results/result-*.json). The TPU runs themselves are `make tpu-check`'s alone."""
 
 from __future__ import annotations
 
@@ -19,10 +19,10 @@ import pytest
 from rosetta_common.registry import ARCHITECTURES
 from rosetta_common.spec import load_spec
 from support import REPO, orchestrator_env
-from tooling import tpu_bounds, tpu_check
-from tooling import tpu_report as report
+from tooling.devices import tpu_bounds, tpu_check
+from tooling.devices import tpu_report as report
 
-TPU = REPO / "tpu"
+TPU = REPO / tpu_check.RESULTS
 SPEC = load_spec(REPO / "params.yaml")
 
 
@@ -40,7 +40,7 @@ RECORDED_MODELS = list(recorded("result-highest.json")["models"])
 @pytest.mark.skipif(bool(glob.glob("/dev/accel*")), reason="a TPU host: make tpu-check runs here")
 def test_tpu_check_refuses_without_a_tpu_in_one_line():
     env = {k: v for k, v in orchestrator_env().items() if k != "TPU_ACCELERATOR_TYPE"}
-    done = subprocess.run([sys.executable, "-m", "tooling.tpu_check"], cwd=REPO, env=env, capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "tooling.devices.tpu_check"], cwd=REPO, env=env, capture_output=True,
                           text=True, check=False)
     assert done.returncode == 2
     assert done.stdout == ""
@@ -61,8 +61,8 @@ def test_refusal_names_the_missing_tpu_runtime(tmp_path):
 
 
 def test_bounds_derive_from_the_recorded_op_accuracy_file():
-    """tpu/bounds.json is what the method gives from tpu/op_accuracy.json and params.yaml, nothing else; and the
-    method gives every registered model its bounds, recorded on a TPU or not."""
+    """The recorded bounds.json is what the method gives from the recorded op_accuracy.json and params.yaml,
+    nothing else; and the method gives every registered model its bounds, recorded on a TPU or not."""
     derived = tpu_bounds.derive(recorded("op_accuracy.json"), SPEC.tolerances, RECORDED_MODELS)
     assert json.loads(json.dumps(derived)) == recorded("bounds.json")
     every = tpu_bounds.derive(recorded("op_accuracy.json"), SPEC.tolerances, list(ARCHITECTURES))
@@ -206,12 +206,12 @@ def test_dvc_pipeline_has_no_tpu_stage():
 
 
 def test_judge_names_the_precision_in_the_validation_environment():
-    """tooling/tpu_judge.py, where it runs (ONNX Runtime, no framework): the cause each failing check of a
+    """tooling/devices/tpu_judge.py, where it runs (ONNX Runtime, no framework): the cause each failing check of a
     run below float32 ends with, and the absence of that cause for a run at `highest`."""
     from support import run_in
 
-    code = ("import json; from tooling.tpu_judge import precision_cause; "
-            "ops = json.load(open('tpu/op_accuracy.json')); "
+    code = ("import json; from tooling.devices.tpu_judge import precision_cause; "
+            "ops = json.load(open('tooling/devices/tpu_results/op_accuracy.json')); "
             "print(json.dumps([precision_cause({'precision': 'default', 'jax_default_matmul_precision': None}, ops), "
             "precision_cause({'precision': 'highest', 'jax_default_matmul_precision': 'highest'}, ops)]))")
     done = run_in("validation", code)
@@ -226,10 +226,10 @@ def test_judge_names_the_precision_in_the_validation_environment():
 
 
 def test_pin_precision_overrides_configure_in_the_jax_environment():
-    """tooling/tpu_train.py's default-precision run: every configure() ends with JAX's own default (None)."""
+    """tooling/devices/tpu_train.py's default-precision run: every configure() ends with JAX's own default (None)."""
     from support import run_in
 
-    code = ("import jax, rosetta_jax; from tooling.tpu_train import pin_precision; rosetta_jax.configure(0); "
+    code = ("import jax, rosetta_jax; from tooling.devices.tpu_train import pin_precision; rosetta_jax.configure(0); "
             "a = jax.config.jax_default_matmul_precision; pin_precision(None); rosetta_jax.configure(0); "
             "print(a, jax.config.jax_default_matmul_precision)")
     done = run_in("jax", code, JAX_PLATFORMS="cpu")
@@ -241,7 +241,7 @@ def test_slim_keeps_what_the_validator_reads(tmp_path):
     import numpy as np
 
     from rosetta_common.io import sha256
-    from tooling.tpu_train import slim
+    from tooling.devices.tpu_train import slim
 
     run = tmp_path / "mlp"
     (run / "native").mkdir(parents=True)
@@ -268,8 +268,8 @@ def test_slim_keeps_what_the_validator_reads(tmp_path):
 
 
 def test_tpu_replicates_go_beside_the_run_and_the_judge_reads_them_there(tmp_path, monkeypatch):
-    """tooling/tpu_train.py trains the end-of-training replicates into the run's own folder (a fake backend: the
-    stopping rule and the files are the replicates stage's), and tooling/tpu_judge.py, in the validation
+    """tooling/devices/tpu_train.py trains the end-of-training replicates into the run's own folder (a fake backend: the
+    stopping rule and the files are the replicates stage's), and tooling/devices/tpu_judge.py, in the validation
     environment, reads the TPU subject's from its run folder, tied to its step losses by their digest; a CPU run
     has none without artifacts/null_plan.json."""
     import contextlib
@@ -282,7 +282,7 @@ def test_tpu_replicates_go_beside_the_run_and_the_judge_reads_them_there(tmp_pat
     from rosetta_common.interface import TrainResult
     from rosetta_common.training import plan
     from support import run_in
-    from tooling.tpu_train import train_replicates
+    from tooling.devices.tpu_train import train_replicates
 
     job_plan = plan(SPEC, "mlp", 4 * SPEC.train.batch_size)
     own = [1.0 / (1 + step) for step in range(job_plan.num_steps)]
@@ -315,7 +315,7 @@ def test_tpu_replicates_go_beside_the_run_and_the_judge_reads_them_there(tmp_pat
     shutil.copytree(run, other)
     (other / "train_log.json").write_text(json.dumps({"step_losses": own[::-1]}))
     code = ("import json; from pipelines.checks.ledger import Ledger; from rosetta_common.spec import load_spec; "
-            "from tooling import tpu_judge as judge; "
+            "from tooling.devices import tpu_judge as judge; "
             f"spec = load_spec({str(REPO / 'params.yaml')!r}); ledger = Ledger(); "
             "reps = [judge.subject_replicates(spec, ledger, 'mlp', s) for s in ('jax@tpu', 'jax@tpu-default')]; "
             "print(json.dumps([[None if r is None else len(r) for r in reps], "

@@ -2,7 +2,7 @@
 
 An entry holds what the framework-free parts of the project need to know of a model: its section of params.yaml
 (the settings class), what it reads, its family (which tap layouts and per-framework branches apply), the default
-learning rates and accuracy floor, the ops its forward uses (the TPU's derived bounds, tooling/tpu_bounds.py),
+learning rates and accuracy floor, the ops its forward uses (the TPU's derived bounds, tooling/devices/tpu_bounds.py),
 and the settings of the small model the packages' tests build. The spec's defaults (rosetta_common.spec), the tiny
 run, the benchmarks' model lists and the tests' expectations read it; the framework packages build each model from
 its settings. Adding a model is one entry here plus its builder, weight map and taps in each package
@@ -147,7 +147,7 @@ class ArchitectureEntry:
     min_test_accuracy: float  # the default floor on digits (quality.min_test_accuracy)
     ops: Mapping[str, int]  # the forward's op uses to the logits (the loss aside), as the packages build it
     small: Mapping[str, Any]  # the small model of the packages' tests (rosetta_common.testing): settings
-    tiny: Mapping[str, Any]  # the tiny run's (tooling/tiny_run.py, the whole pipeline in minutes): settings over
+    tiny: Mapping[str, Any]  # the tiny run's (tooling/build/tiny_run.py, the whole pipeline in minutes): settings over
     tiny_floor: float  # the defaults, and its accuracy floor after 2 epochs
 
 

@@ -12,7 +12,8 @@
   the first step beyond the TPU's lockstep_loss_rel is where the runs part;
 - the TPU's logits against ONNX Runtime's on the CPU, and against the TPU's own reload, add the forward's
   worst-element error to the relative term: sum over the forward's uses (the loss aside) of rel_to_max(op).
-A bound is a property of float32, the device and the method: no comparison moves it (docs/tpu.md, tooling/tpu_ops.py).
+A bound is a property of float32, the device and the method: no comparison moves it (docs/tpu.md,
+tooling/devices/tpu_ops.py).
 """
 
 from __future__ import annotations
@@ -67,8 +68,9 @@ def model_bounds(model: str, ops: dict[str, Any], tol: TolerancesSpec, precision
 
 
 # The method's text is read out of the module docstring, between "The method, per model and matrix precision:" and
-# "A bound", and recorded with the bounds (tpu/bounds.json, and each result tooling/tpu_judge.py writes): editing
-# that text changes the recorded files, which tests/unit/test_tpu_check.py compares.
+# "A bound", and recorded with the bounds (tooling/devices/tpu_results/bounds.json, and each result
+# tooling/devices/tpu_judge.py writes): editing that text changes the recorded files, which
+# tests/unit/test_tpu_check.py compares.
 def derive(op_accuracy: dict[str, Any], tol: TolerancesSpec, models: list[str]) -> dict[str, Any]:
     """Every model's bounds at every precision the op file measured: {"precisions": {p: {model: bounds}}}."""
     ops = op_accuracy["ops"]

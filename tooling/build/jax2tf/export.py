@@ -1,9 +1,9 @@
 """A rosetta_jax model through jax2tf to a TensorFlow SavedModel, and back in a fresh process: the route that runs a
 JAX model on TensorFlow's runtime (TF Serving, TFLite's converter, TF.js), checked against the JAX logits.
 
-    python -m tooling.jax2tf.env run -- python -m tooling.jax2tf.export save --out /tmp/jax2tf \
+    python -m tooling.build.jax2tf.env run -- python -m tooling.build.jax2tf.export save --out /tmp/jax2tf \
         --images data/prepared/test.npz artifacts/jax/mlp artifacts/jax/cnn
-    python -m tooling.jax2tf.env run -- python -m tooling.jax2tf.export check --out /tmp/jax2tf
+    python -m tooling.build.jax2tf.env run -- python -m tooling.build.jax2tf.export check --out /tmp/jax2tf
 
 `save` (one process): each run folder's model, rebuilt from its trained.safetensors and native/config.json by
 rosetta_jax (inference mode, as train_export exports it), converted by jax.experimental.jax2tf.convert (native

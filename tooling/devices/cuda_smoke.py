@@ -1,14 +1,15 @@
 """Smoke check of one CUDA environment in its image: the CUDA build, its libraries, TF32 off, where it computes.
 
     make smoke-cuda            # the four CUDA images (torch, tf, jax, validation)
-    ROSETTA_RUNTIME=container ROSETTA_VARIANT=cuda python -m pipelines.runner torch -- python -m tooling.cuda_smoke
+    ROSETTA_RUNTIME=container ROSETTA_VARIANT=cuda python -m pipelines.runner torch -- \
+        python -m tooling.devices.cuda_smoke
 
 The CUDA images must be checkable without a GPU, so this shows inside each (ROSETTA_ENV, set by the runner, names
 the environment) what can be shown there: that the framework is the CUDA build, that every library of the nvidia-*
 wheels loads but those that need the driver a GPU host supplies, and that TF32 is off after the package's own
 configure(); then a float32 matmul against float64, on the GPU, or without one on the CPU after one line that says
 so. Exit 0 when every check passes (a missing GPU is not a failure, unless --require-gpu, which `make gpu-check`
-passes), else 1 with the failed check named; --json PATH writes the findings for tooling/gpu_check.py's report.
+passes), else 1 with the failed check named; --json PATH writes the findings for tooling/devices/gpu_check.py's report.
 The checks one by one and what they find: docs/containers.md, "CUDA", and containers/README.md.
 """
 

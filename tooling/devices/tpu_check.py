@@ -1,17 +1,18 @@
 """`make tpu-check`: the JAX stage on a TPU, judged against the CPU runs, at both matrix precisions.
 
-    make tpu-check                                   # = python -m tooling.tpu_check
-    python -m tooling.tpu_check bounds OP_ACCURACY.json --out tpu/bounds.json
-    python -m tooling.tpu_check unpack PACK.tar.gz --precision highest      # into artifacts/jax@tpu/
-    python -m tooling.tpu_check judge --precision highest --out RESULT.json  # in the validation environment
-    python -m tooling.tpu_check report tpu/result-highest.json tpu/result-default.json --out reports/tpu-check
+    make tpu-check                                   # = python -m tooling.devices.tpu_check
+    python -m tooling.devices.tpu_check bounds OP_ACCURACY.json --out tooling/devices/tpu_results/bounds.json
+    python -m tooling.devices.tpu_check unpack PACK.tar.gz --precision highest      # into artifacts/jax@tpu/
+    python -m tooling.devices.tpu_check judge --precision highest --out RESULT.json  # in the validation environment
+    python -m tooling.devices.tpu_check report tooling/devices/tpu_results/result-{highest,default}.json
 
 A port to a TPU claims float32 products; this shows the claim holds at `highest` and that the judge catches JAX's
 default TPU precision. On a TPU host, after `dvc repro` made the CPU runs, it measures the ops and derives the bounds
-before any run is compared (tooling/tpu_ops.py, tooling/tpu_bounds.py), trains the JAX stage at both precisions
-(tooling/tpu_train.py), judges each (tooling/tpu_judge.py) and writes reports/tpu-check/; exit 0 only if `highest`
-passes and the default fails naming the matrix precision. Without a TPU it refuses in one line, exit 2; the
-subcommands need none. The steps by hand and the current figures: docs/tpu.md.
+before any run is compared (tooling/devices/tpu_ops.py, tooling/devices/tpu_bounds.py), trains the JAX stage at
+both precisions (tooling/devices/tpu_train.py), judges each (tooling/devices/tpu_judge.py) and writes
+reports/tpu-check/; exit 0 only if `highest` passes and the default fails naming the matrix precision. Without a TPU
+it refuses in one line, exit 2; the subcommands need none. A TPU run's records are committed in
+tooling/devices/tpu_results/ (RESULTS); the steps by hand and the current figures: docs/tpu.md.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from typing import Any
 from pipelines.environments import REPO_ROOT
 
 OUT = Path("reports/tpu-check")
+# What a TPU run recorded (the op table, the bounds, one result per precision), committed beside this module.
+RESULTS = Path("tooling/devices/tpu_results")
 REFUSAL = "error: make tpu-check needs a TPU that JAX can use: {why}"
 
 
@@ -75,7 +78,7 @@ def bounds(op_file: Path, out: Path) -> dict[str, Any]:
     """The bounds of every model at both precisions from a recorded op-accuracy file."""
     from pipelines import paths
     from rosetta_common.spec import load_spec
-    from tooling.tpu_bounds import derive
+    from tooling.devices.tpu_bounds import derive
 
     spec = load_spec(paths.PARAMS)
     derived = derive(json.loads(op_file.read_text()), spec.tolerances, list(spec.models))
@@ -84,12 +87,12 @@ def bounds(op_file: Path, out: Path) -> dict[str, Any]:
 
 
 def unpack(pack: Path, precision: str) -> Path:
-    """A tooling/tpu_train.py archive into artifacts/<subject>/ (tooling/tpu_judge.py's subject_name)."""
+    """A tooling/devices/tpu_train.py archive into artifacts/<subject>/ (tpu_bounds.subject_name)."""
     import shutil
     import tempfile
 
     from pipelines import paths
-    from tooling.tpu_bounds import subject_name
+    from tooling.devices.tpu_bounds import subject_name
 
     target = paths.framework_dir(subject_name(precision))
     shutil.rmtree(target, ignore_errors=True)
@@ -112,24 +115,24 @@ def run_on_tpu(out: Path) -> int:
            "PYTHONPATH": os.pathsep.join(p for p in (os.environ.get("PYTHONPATH", ""), source) if p)}
     python = tpu_python()
     ops = out / "op_accuracy.json"
-    subprocess.run([python, "-m", "tooling.tpu_ops", "--json", str(ops)], cwd=REPO_ROOT, env=env, check=True)
+    subprocess.run([python, "-m", "tooling.devices.tpu_ops", "--json", str(ops)], cwd=REPO_ROOT, env=env, check=True)
     bounds(ops, out / "bounds.json")
     results = []
     for precision in ("highest", "default"):
         pack = out / f"{precision}.tar.gz"
-        subprocess.run([python, "-m", "tooling.tpu_train", "--precision", precision, "--pack", str(pack)],
+        subprocess.run([python, "-m", "tooling.devices.tpu_train", "--precision", precision, "--pack", str(pack)],
                        cwd=REPO_ROOT, env=env, check=True)
         unpack(pack, precision)
         results.append(out / f"result-{precision}.json")
         subprocess.run([sys.executable, "-m", "pipelines.runner", "validation", "--", "python", "-m",
-                        "tooling.tpu_check", "judge", "--bounds", str(out / "bounds.json"), "--ops", str(ops),
+                        "tooling.devices.tpu_check", "judge", "--bounds", str(out / "bounds.json"), "--ops", str(ops),
                         "--precision", precision, "--out", str(results[-1])], cwd=REPO_ROOT, check=True)
     return report(results, out, out / "bounds.json")
 
 
 def report(results: list[Path], out: Path, bounds_file: Path | None = None) -> int:
     """reports/tpu-check/report.md from result files; exit 0 only where the verdicts are the expected ones."""
-    from tooling.tpu_report import expected_verdicts, write_report
+    from tooling.devices.tpu_report import expected_verdicts, write_report
 
     loaded = [json.loads(p.read_text()) for p in results]
     derived = json.loads(bounds_file.read_text()) if bounds_file is not None and bounds_file.is_file() else None
@@ -145,8 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("op_file", type=Path)
     b.add_argument("--out", type=Path, required=True)
     j = sub.add_parser("judge")
-    j.add_argument("--bounds", type=Path, default=Path("tpu/bounds.json"))
-    j.add_argument("--ops", type=Path, default=Path("tpu/op_accuracy.json"))
+    j.add_argument("--bounds", type=Path, default=RESULTS / "bounds.json")
+    j.add_argument("--ops", type=Path, default=RESULTS / "op_accuracy.json")
     j.add_argument("--precision", required=True)
     j.add_argument("--cpu", nargs="*", help="the CPU frameworks to judge against (default: every one present)")
     u = sub.add_parser("unpack")
@@ -156,14 +159,14 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("report")
     r.add_argument("results", type=Path, nargs="+")
     r.add_argument("--out", type=Path, default=OUT)
-    r.add_argument("--bounds", type=Path, default=Path("tpu/bounds.json"))
+    r.add_argument("--bounds", type=Path, default=RESULTS / "bounds.json")
     args = parser.parse_args(argv)
     if args.command == "bounds":
         bounds(args.op_file, args.out)
         print(f"tpu-check: bounds -> {args.out}")
         return 0
     if args.command == "judge":
-        from tooling.tpu_judge import judge
+        from tooling.devices.tpu_judge import judge
 
         result = judge(json.loads(args.bounds.read_text()), args.precision, json.loads(args.ops.read_text()),
                        args.cpu)

@@ -1,8 +1,8 @@
 """The jax environment's TPU lock: packages/jax_impl/requirements-tpu.lock, exact and hash-pinned.
 
-    python -m tooling.tpu_lock
+    python -m tooling.devices.tpu_lock
 
-As tooling/env_locks.py resolves the CUDA lock: the jax package's pyproject and common's, with `jax[tpu]` (jaxlib
+As tooling/build/env_locks.py resolves the CUDA lock: the jax package's pyproject and common's, with `jax[tpu]` (jaxlib
 and libtpu) in place of the CPU extra's jax, under the CPU lock's pins as constraints, so that everything both
 install is the same version and only JAX's TPU runtime differs. For a TPU VM with network:
 
@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 from pipelines.environments import PYTHON_VERSION, REPO_ROOT
-from tooling.env_locks import cpu_constraints
+from tooling.build.env_locks import cpu_constraints
 
 LOCK = Path("packages/jax_impl/requirements-tpu.lock")
 TPU_REQUIREMENTS = ("jax[tpu]==0.10.2", "onnxruntime==1.32.0")  # the CPU extra's versions, JAX's TPU build

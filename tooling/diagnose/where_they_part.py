@@ -1,12 +1,12 @@
 """Where the frameworks part on your own weights: every per-layer tap (rosetta_common.taps) of each framework's
 forward and of the float64 reference, on one batch, compared pairwise and against the reference.
 
-    .venv/bin/python -m tooling.where_they_part <arch> <weights.safetensors> [--images N] [--frameworks ...]
+    .venv/bin/python -m tooling.diagnose.where_they_part <arch> <weights.safetensors> [--images N] [--frameworks ...]
         [--tolerance T]
 
 <weights.safetensors> is a canonical weights file of <arch> as params.yaml configures it (rosetta_common.weights;
 artifacts/init/<arch>.safetensors is one). Each framework runs in its own environment through the runner
-(tooling.taps_worker), the data passed through temporary .npz files (never pickle). The batch is the first N
+(tooling.diagnose.taps_worker), the data passed through temporary .npz files (never pickle). The batch is the first N
 images of the prepared data's validation batch (data/prepared), or N seeded random images of the shape
 --image-shape where the data is not prepared. Prints one row per tap with each comparison's max abs error
 ("*": over the tolerance, params.yaml tolerances.forward_parity_abs unless given), then the first divergent
@@ -44,7 +44,8 @@ class BadInput(Exception):
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m tooling.where_they_part", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tooling.diagnose.where_they_part",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("arch", help=f"one of {', '.join(ARCHITECTURES)}")
     parser.add_argument("weights", type=Path, help="a canonical safetensors weights file of that architecture")
     parser.add_argument("--images", type=int, default=8, help="batch size (default 8)")
@@ -76,14 +77,15 @@ def batch(count: int, image_shape: str) -> tuple[np.ndarray, str]:
 
 def framework_taps(framework: str, arch: str, weights: Path, images: np.ndarray, classes: int,
                    scratch: Path) -> dict[str, np.ndarray]:
-    """The framework's taps, from tooling.taps_worker in its own environment."""
+    """The framework's taps, from tooling.diagnose.taps_worker in its own environment."""
     request, out = scratch / "images.npz", scratch / f"{framework}.npz"
     if not request.exists():
         with open(request, "wb") as f:
             np.savez(f, images=images)
     height, width = images.shape[1:]
-    command = [sys.executable, "-m", "pipelines.runner", framework, "--", "python", "-m", "tooling.taps_worker",
-               framework, arch, str(weights.resolve()), str(request), str(out), str(height), str(width), str(classes)]
+    command = [sys.executable, "-m", "pipelines.runner", framework, "--", "python", "-m",
+               "tooling.diagnose.taps_worker", framework, arch, str(weights.resolve()), str(request), str(out),
+               str(height), str(width), str(classes)]
     result = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         lines = (result.stderr or result.stdout).strip().splitlines() or ["no output"]

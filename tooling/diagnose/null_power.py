@@ -14,7 +14,7 @@ same 1999 seeded relabellings as pooled_p would draw them (pooled_p draws 9999):
 12; the interim look judges the run and its first replicates alone. Monte-Carlo, seeded: the same command prints
 the same table on any machine. docs/judge.md, 'The power of the null', shows its output.
 
-    python -m tooling.null_power [--samples 2000] [--families 3 6 12] [--parted P] [--first F] [--futility B]
+    python -m tooling.diagnose.null_power [--samples 2000] [--families 3 6 12] [--parted P] [--first F] [--futility B]
                                  [--spread 3]
 """
 
@@ -33,7 +33,7 @@ from tqdm import tqdm
 
 from pipelines.checks.replicate_null import pseudo_f
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 POWER = 0.8
 FRAMEWORKS = 3  # framework 0 carries the bug or the larger spread
 RELABELLINGS = 1999
@@ -221,7 +221,7 @@ def table(null: Design, count: int, families: Sequence[int], samples: int, sprea
 
 def main(argv: Sequence[str] | None = None) -> int:
     null = design()
-    parser = argparse.ArgumentParser(prog="python -m tooling.null_power", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tooling.diagnose.null_power", description=__doc__.split("\n\n")[0])
     parser.add_argument("--parted", type=int, default=null.parted,
                         help=f"parted replicates per framework (params.yaml: {null.parted})")
     parser.add_argument("--first", type=int, default=null.first,

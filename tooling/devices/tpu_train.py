@@ -2,7 +2,7 @@
 and replicates as params.yaml says, native and ONNX exports), then the measured null's end-of-training replicates
 of every model in `replicates.models`, at one matrix precision, packed as its own subject.
 
-    python -m tooling.tpu_train --precision highest|default --pack OUT.tar.gz
+    python -m tooling.devices.tpu_train --precision highest|default --pack OUT.tar.gz
 
 rosetta_jax.configure() sets `jax_default_matmul_precision` to `highest` (float32 products); `--precision default`
 sets it back to None after every configure(), so the run multiplies as a JAX user's script that never sets it

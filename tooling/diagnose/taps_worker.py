@@ -1,6 +1,6 @@
-"""The framework side of tooling.where_they_part, run in that framework's environment by the runner:
+"""The framework side of tooling.diagnose.where_they_part, run in that framework's environment by the runner:
 
-    python -m pipelines.runner <framework> -- python -m tooling.taps_worker <framework> <arch> <weights> \
+    python -m pipelines.runner <framework> -- python -m tooling.diagnose.taps_worker <framework> <arch> <weights> \
         <images.npz> <taps.npz> <height> <width> <classes>
 
 builds the framework's model of <arch> (params.yaml's architecture settings, the given image shape and classes)

@@ -1,13 +1,14 @@
 """`make gpu-check`: the CUDA variant on a GPU host, end to end, with a short report.
 
-    make gpu-check             # = python -m tooling.gpu_check
-    python -m tooling.gpu_check report RESULT.json --out DIR     # only the report, from a result file
+    make gpu-check             # = python -m tooling.devices.gpu_check
+    python -m tooling.devices.gpu_check report RESULT.json --out DIR     # only the report, from a result file
 
 Without a GPU the CUDA images can show only that they build, hold the CUDA builds and pass on the CPU (make
 smoke-cuda, make test-cuda); this shows the rest on a GPU host: it builds the missing or stale CUDA images,
-smoke-checks each with --require-gpu (tooling/cuda_smoke.py), runs the tiny pipeline twice (on the CPU, and in the
-CUDA images on the GPUs), measures each model.onnx under ONNX Runtime's CUDA provider against its CPU provider, and
-judges the CUDA run against the CPU run by params.yaml's tolerances, each step with the commands a user would run.
+smoke-checks each with --require-gpu (tooling/devices/cuda_smoke.py), runs the tiny pipeline twice (on the CPU, and
+in the CUDA images on the GPUs), measures each model.onnx under ONNX Runtime's CUDA provider against its CPU provider,
+and judges the CUDA run against the CPU run by params.yaml's tolerances, each step with the commands a user would
+run.
 It writes reports/gpu-check/report.json and report.md and exits 0 only if every part passes; anywhere else it
 refuses in one line, exit 2. Only the refusal and the report run without a GPU (tests/unit/test_gpu_check.py).
 Each step and the report: containers/README.md, "What only `make gpu-check` checks".
@@ -44,7 +45,7 @@ def refusal() -> str:
     """"" on a GPU host whose engine can hand GPUs to containers, else the one line that refuses."""
     if not containers.visible_gpus():
         return REFUSAL.format(why="no NVIDIA GPU visible on this host (nvidia-smi lists none)")
-    from tooling import images  # here: it may start dockerd, which is pointless without a GPU
+    from tooling.build import images  # here: it may start dockerd, which is pointless without a GPU
 
     problem = containers.nvidia_container_support(images.ensure_engine())
     return REFUSAL.format(why=problem) if problem else ""
@@ -64,7 +65,7 @@ CUDA_RUN = {"ROSETTA_RUNTIME": "container", "ROSETTA_VARIANT": "cuda", "ROSETTA_
 
 def ensure_images() -> dict[str, int]:
     """Build the missing or stale CUDA images; returns each image's size in bytes."""
-    from tooling import images
+    from tooling.build import images
 
     engine = images.ensure_engine()
     stale = []
@@ -82,16 +83,16 @@ def smoke(out: Path) -> dict[str, Any]:
     found = {}
     for env in ENVIRONMENTS:
         target = out / "smoke" / f"{env}.json"
-        subprocess.run([sys.executable, "-m", "pipelines.runner", env, "--", "python", "-m", "tooling.cuda_smoke",
-                        "--require-gpu", "--json", str(target)], cwd=REPO_ROOT, env=orchestrator_env(**CUDA_RUN),
-                       check=False)
+        subprocess.run([sys.executable, "-m", "pipelines.runner", env, "--", "python", "-m",
+                        "tooling.devices.cuda_smoke", "--require-gpu", "--json", str(target)], cwd=REPO_ROOT,
+                       env=orchestrator_env(**CUDA_RUN), check=False)
         found[env] = json.loads(target.read_text()) if target.is_file() else {"passed": False, "failure": "no result"}
     return found
 
 
 def tiny_pipeline(root: Path, gpus: int, **env_vars: str) -> dict[str, Any]:
     """A TINY copy of this checkout at `root`, `dvc repro` there; its validation verdict and time."""
-    from tooling import tiny_run  # the tiny params and the copy every pipeline test uses
+    from tooling.build import tiny_run  # the tiny params and the copy every pipeline test uses
 
     env = orchestrator_env(**env_vars)
     tiny_run.copy_repo(root, env)
@@ -190,7 +191,7 @@ def run_on_gpu(out: Path) -> dict[str, Any]:
             ort_json = cuda_root / OUT / "ort.json"
             ort_json.parent.mkdir(parents=True, exist_ok=True)
             subprocess.run([sys.executable, "-m", "pipelines.runner", "validation", "--", "python", "-m",
-                            "tooling.gpu_check", "measure-ort", str(cuda_root), str(ort_json)],
+                            "tooling.devices.gpu_check", "measure-ort", str(cuda_root), str(ort_json)],
                            cwd=cuda_root, env=orchestrator_env(**CUDA_RUN), check=False)
             ort_rows = json.loads(ort_json.read_text()) if ort_json.is_file() else []
             for row in ort_rows:

@@ -1,7 +1,7 @@
 """Is the committed dvc.lock in step with the code and params? Fails, one line per stage, when it is not.
 
-    python -m tooling.dvc_lock_check              # a fresh copy of this checkout, without outputs (what CI sees)
-    python -m tooling.dvc_lock_check --in-place   # this working tree as it is (outputs present or not)
+    python -m tooling.build.dvc_lock_check              # a fresh copy of this checkout, without outputs (what CI sees)
+    python -m tooling.build.dvc_lock_check --in-place   # this working tree as it is (outputs present or not)
     make lock-check
 
 A lock is stale when `dvc status` reports, for some stage of dvc.yaml, a dependency or param that is modified,
@@ -28,7 +28,7 @@ from typing import Any
 
 import yaml
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 ACCEPTED_STRINGS = {"always changed"}  # `always_changed: true` stages: not a sign of a stale lock
 
 
@@ -145,7 +145,7 @@ def moved_outputs(root: Path) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tooling.dvc_lock_check", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tooling.build.dvc_lock_check", description=__doc__.split("\n")[0])
     parser.add_argument("--in-place", action="store_true",
                         help="check this working tree as it is, instead of a fresh copy without outputs")
     parser.add_argument("--repo", type=Path, default=REPO_ROOT, help="the repository to check (default: this one)")

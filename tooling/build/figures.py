@@ -7,16 +7,17 @@ name the figure right after it, so that a page and the file cannot part unnotice
 
     passes all 842 checks<!-- figure: pipeline_checks -->, in about 7 minutes (418 s<!-- figure: pipeline_seconds -->)
 
-    python -m tooling.figures check          # the docs against the file: one line per problem, exit 1
-    python -m tooling.figures update <run>   # that run's figures with `from`, read from this checkout's outputs
+    python -m tooling.build.figures check          # the docs against the file: one line per problem, exit 1
+    python -m tooling.build.figures update <run>   # that run's figures with `from`, read from this checkout's outputs
 
 A marker checks every timing or count between the previous marker on its line (or the line's start) and itself,
 or, where there is none, the number right before it; minutes are the seconds rounded to the minute. `check`
 fails on a quoted number that differs from the file, a marker naming no figure, a figure no page quotes, and a
 timing or count outside code that carries no marker (a bound or a setting, "within 60 s", "`--timeout` (300 s)",
-is no figure); a figure from a committed record (tpu/) is read again. A run's outputs (reports/, measurements/)
-exist only after it, so `update` brings those figures into the file; what only a person can measure (`make test`
-in a fresh clone, CI) is edited in the file by hand. tests/unit/test_figures.py runs `check`.
+is no figure); a figure from a committed record (the TPU check's, tooling/devices/tpu_results/) is read again. A
+run's outputs (reports/, measurements/) exist only after it, so `update` brings those figures into the file; what
+only a person can measure (`make test` in a fresh clone, CI) is edited in the file by hand.
+tests/unit/test_figures.py runs `check`.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import yaml
 
 from rosetta_common.errors import RosettaError
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 FIGURES = "docs/figures.yaml"
 DOCS = ("README.md", "CONTRIBUTING.md", "CHANGELOG.md", "tests/README.md", "benchmarks/README.md",
         "containers/README.md", "docs/*.md")
@@ -280,12 +281,12 @@ def check(root: Path = REPO_ROOT, docs: list[Path] | None = None) -> list[str]:
         got = read_source(figure.source, root)
         if got != figure.value:
             problems.append(f"{FIGURES}: {figure.key} is {figure.value:,}, {figure.source} gives {got:,} "
-                            f"(python -m tooling.figures update {figure.run})")
+                            f"(python -m tooling.build.figures update {figure.run})")
     return problems
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tooling.figures", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tooling.build.figures", description=__doc__.split("\n")[0])
     parser.add_argument("--repo", type=Path, default=REPO_ROOT, help="the repository (default: this one)")
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("check", help="the docs' figures against docs/figures.yaml")
@@ -317,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     by_hand = [key for key, figure in data["runs"][args.run]["figures"].items() if figure.get("from") is None]
     if by_hand:
         print(f"measured by hand, not read: {', '.join(by_hand)} (edit {FIGURES})")
-    print("python -m tooling.figures check names the pages to change")
+    print("python -m tooling.build.figures check names the pages to change")
     return 0
 
 

@@ -1,7 +1,7 @@
 """The accuracy of every float32 op the models use, on the device JAX runs on, against float64: the input of the
-TPU bounds (tooling/tpu_bounds.py derives the step-1 loss and lockstep bounds from it).
+TPU bounds (tooling/devices/tpu_bounds.py derives the step-1 loss and lockstep bounds from it).
 
-    python -m tooling.tpu_ops --json OUT.json [--size N] [--repeats R]
+    python -m tooling.devices.tpu_ops --json OUT.json [--size N] [--repeats R]
 
 Each op runs jitted on the default device in float32, at each matrix precision of PRECISIONS (JAX's
 `jax_default_matmul_precision`: `highest`, float32 products; None, the device's default, on a TPU bfloat16 passes),

@@ -2,9 +2,9 @@
 containers/rosetta.Dockerfile, for every environment, parameterized by pyproject.toml's
 [tool.rosetta.environments].
 
-    python -m tooling.images build --variant cpu           # the four CPU images, locally, no registry needed
-    python -m tooling.images build --variant cuda --clean  # the four CUDA images (several GB each)
-    python -m tooling.images engine                        # make sure an engine answers (starts dockerd when it can)
+    python -m tooling.build.images build --variant cpu           # the four CPU images, locally, no registry needed
+    python -m tooling.build.images build --variant cuda --clean  # the four CUDA images (several GB each)
+    python -m tooling.build.images engine            # make sure an engine answers (starts dockerd when it can)
 
 Both variants start from one Debian bookworm base made locally with debootstrap (no registry, no digest to trust):
 the CUDA libraries come as the locks' nvidia-* wheels, the driver from the host. Each image's build context is a

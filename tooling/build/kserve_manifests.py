@@ -1,8 +1,8 @@
 """KServe InferenceService manifests for the four model servers: written from SERVERS, checked against KServe's schema.
 
-    python -m tooling.kserve_manifests write    # deploy/kserve/<server>.yaml from pipelines.serving.servers.SERVERS
-    python -m tooling.kserve_manifests check [FILE...]  # each manifest against KServe's own CRD schema (offline)
-    python -m tooling.kserve_manifests vendor CRD.yaml --url URL --tag TAG --commit SHA  # re-vendor the schema
+    python -m tooling.build.kserve_manifests write  # deploy/kserve/<server>.yaml from pipelines.serving.servers.SERVERS
+    python -m tooling.build.kserve_manifests check [FILE...]  # each manifest against KServe's own CRD schema (offline)
+    python -m tooling.build.kserve_manifests vendor CRD.yaml --url URL --tag TAG --commit SHA  # re-vendor the schema
 
 Each manifest is a custom predictor: the server's image and its module's command line, with the model store (the
 sources and a finished run's artifacts) mounted from STORAGE_URI. They are written, not hand-kept, so that the
@@ -157,8 +157,9 @@ def manifest(server: str) -> dict[str, Any]:
 
 
 def render(server: str) -> str:
-    header = (f"# The {server} server as a KServe InferenceService. Written by `python -m tooling.kserve_manifests "
-              "write`; do not edit.\n# Deploying it: docs/serving.md, \"On KServe\".\n")
+    header = (f"# The {server} server as a KServe InferenceService. Written by "
+              "`python -m tooling.build.kserve_manifests write`; do not edit.\n"
+              "# Deploying it: docs/serving.md, \"On KServe\".\n")
     return header + yaml.safe_dump(manifest(server), sort_keys=False, width=120)
 
 

@@ -1,5 +1,5 @@
-"""The TPU subject (`jax@tpu`, tooling/tpu_train.py's run folders) judged against every CPU run present, by the
-rules every pair of frameworks is judged by, with the bounds of tooling/tpu_bounds.py in place of the
+"""The TPU subject (`jax@tpu`, tooling/devices/tpu_train.py's run folders) judged against every CPU run present, by
+the rules every pair of frameworks is judged by, with the bounds of tooling/devices/tpu_bounds.py in place of the
 CPU's float32 ones.
 
 Per model: the run's files against export.json's sha256 (and tpu.json's record of what stayed on the TPU host);
@@ -43,7 +43,7 @@ from rosetta_common.metrics import accuracy, max_abs_diff, softmax_cross_entropy
 from rosetta_common.onnx_conventions import violations
 from rosetta_common.spec import Spec, load_spec
 from rosetta_common.training import plan
-from tooling.tpu_bounds import CLAIMED, subject_name, tolerances_for
+from tooling.devices.tpu_bounds import CLAIMED, subject_name, tolerances_for
 
 
 def intact(ledger: Ledger, arch: str, subject: str, record: dict[str, Any]) -> dict[str, Any] | None:
@@ -137,7 +137,7 @@ def planned_models() -> tuple[list[str], list[str]]:
 
 
 def subject_replicates(spec: Spec, ledger: Ledger, arch: str, subject: str) -> list[dict[str, Any]] | None:
-    """The TPU run's end-of-training replicates: tooling/tpu_train.py trains them in its run folder for every
+    """The TPU run's end-of-training replicates: tooling/devices/tpu_train.py trains them in its run folder for every
     model of replicates.models (a TPU host has no CPU runs, so no null plan)."""
     if arch not in spec.replicates.models:
         return None

@@ -11,7 +11,7 @@ The cross-cutting suite prints live (its progress is the long one); each framewo
 `.rosetta/tests/<framework>.log` and is printed whole when it ends, with a one-line verdict. The exit status is
 non-zero when any suite failed.
 
-    python -m tooling.run_tests [all|frameworks|cross]   (make test, make test-frameworks, make test-cross)
+    python -m tooling.build.run_tests [all|frameworks|cross]   (make test, make test-frameworks, make test-cross)
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def framework_suite(framework: str, basetemp: Path) -> list[str]:
 # a stage, a server) or waiting on one, so on 2 cores two workers beside the framework suites keep both cores
 # busy where one left the second idle once the framework suites ended. Each test file runs whole on one worker
 # (tests/conftest.py, pytest_xdist_make_scheduler); the tiny run is made once and copied to each
-# (tooling/tiny_run.shared_tiny_pipeline). ROSETTA_TEST_WORKERS changes the count (0: one pytest process, as
+# (tooling/build/tiny_run.shared_tiny_pipeline). ROSETTA_TEST_WORKERS changes the count (0: one pytest process, as
 # before; a machine with more cores may want more).
 CROSS_WORKERS = 2
 

@@ -1,4 +1,4 @@
-"""The TPU section: what `make tpu-check` found (tooling/tpu_judge.py's results, one per matrix precision), as
+"""The TPU section: what `make tpu-check` found (tooling/devices/tpu_judge.py's results, one per matrix precision), as
 reports/tpu-check/report.md: per model the step where the TPU run parts from each CPU run, the verdict, the
 closest margin, and the TPU's training step time against the CPU's; then the bounds and every failing check.
 
@@ -127,7 +127,7 @@ def not_run(results: list[dict[str, Any]], models: list[str] | tuple[str, ...] =
 def render(results: list[dict[str, Any]], bounds: dict[str, Any] | None = None) -> str:
     order = sorted(results, key=lambda r: r["precision"] != CLAIMED)
     parts = ["# TPU check", "The JAX stage trained and exported on a TPU, judged against the CPU runs "
-             "(tooling/tpu_judge.py) at float32 products (`highest`) and at JAX's default TPU precision."]
+             "(tooling/devices/tpu_judge.py) at float32 products (`highest`) and at JAX's default TPU precision."]
     missing = not_run(results)
     if missing:
         parts.append(f"Not run on a TPU yet: {', '.join(missing)} (no result holds them; `make tpu-check` runs "

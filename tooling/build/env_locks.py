@@ -1,7 +1,7 @@
 """Write every environment's lock files: one CPU and one CUDA lock per environment, exact and hash-pinned.
 
-    python -m tooling.env_locks                 # all environments, both variants
-    python -m tooling.env_locks torch --variant cpu
+    python -m tooling.build.env_locks                 # all environments, both variants
+    python -m tooling.build.env_locks torch --variant cpu
 
 Each environment is resolved on its own (its package's pyproject plus common's), never together with
 another framework: that is what keeps the three dependency sets from colliding.

@@ -1,8 +1,8 @@
 """The jax2tf environment: TensorFlow and JAX in one interpreter, from one hash-pinned lock.
 
-    python -m tooling.jax2tf.env lock                 # tooling/jax2tf/requirements-cpu.lock (resolves: network)
-    python -m tooling.jax2tf.env build                # .envs/jax2tf-cpu from that lock (once; rebuilt when it changes)
-    python -m tooling.jax2tf.env run -- python -m tooling.jax2tf.export ...
+    python -m tooling.build.jax2tf.env lock     # tooling/build/jax2tf/requirements-cpu.lock (resolves: network)
+    python -m tooling.build.jax2tf.env build    # .envs/jax2tf-cpu from that lock (once; rebuilt when it changes)
+    python -m tooling.build.jax2tf.env run -- python -m tooling.build.jax2tf.export ...
 
 The lock is the union of the tf and jax CPU locks: it is resolved from both packages' pyprojects (and common's)
 under both locks' pins as constraints, so every distribution the two environments share is the version both
@@ -51,7 +51,7 @@ def entries(lock: Path) -> dict[str, tuple[str, frozenset[str]]]:
 
 
 def compile_lock() -> Path:
-    """Resolve the union with uv (as tooling/env_locks.py resolves each environment) and write LOCK."""
+    """Resolve the union with uv (as tooling/build/env_locks.py resolves each environment) and write LOCK."""
     pins = "".join(f"{name}=={version}\n" for env in SOURCES
                    for name, (version, _) in entries(lock_path(env, "cpu")).items())
     with tempfile.NamedTemporaryFile("w", prefix="rosetta-jax2tf-pins-", suffix=".txt") as constraints:
