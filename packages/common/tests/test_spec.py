@@ -8,6 +8,10 @@ from rosetta_common.training import plan
 
 REPO = Path(__file__).resolve().parents[3]
 
+# The registered models a section leaves out when it names only mlp (and cnn), in the registry's order.
+BEYOND_MLP = ", ".join(a for a in ARCHITECTURES if a != "mlp")
+BEYOND_MLP_CNN = ", ".join(a for a in ARCHITECTURES if a not in ("mlp", "cnn"))
+
 
 def test_repository_params_are_valid():
     # Every key in params.yaml is a known field (extra="forbid"); its values need not repeat spec.py's defaults.
@@ -23,7 +27,7 @@ def test_learning_rate_per_model_or_one_number():
     assert resolved.learning_rate == 3e-3 and resolved.optimizer.beta1 == 0.9
     assert plan(parse_spec({"train": {"optimizer": "sgd"}}), "attention", 1000).learning_rate == 0.005
     assert resolved.steps_per_epoch == 1000 // 32 and resolved.all_batches().shape == (10 * 31, 32)
-    with pytest.raises(SpecError, match="gives no rate for attention"):
+    with pytest.raises(SpecError, match=f"gives no rate for {BEYOND_MLP_CNN} "):
         parse_spec({"optimizers": {"adam": {"learning_rate": {"mlp": 0.1, "cnn": 0.1}}}})
 
 
@@ -38,7 +42,7 @@ def test_learning_rate_per_model_or_one_number():
         ),
         ({"train": {"epochs": 0}}, "train.epochs = 0: Input should be greater than 0"),
         ({"train": {"epochs": "ten"}}, "train.epochs = 'ten': Input should be a valid integer"),
-        ({"train": {"epochs": {"mlp": 3}}}, "train.epochs = {'mlp': 3}: gives no epochs for cnn, attention"),
+        ({"train": {"epochs": {"mlp": 3}}}, f"train.epochs = {{'mlp': 3}}: gives no epochs for {BEYOND_MLP} "),
         ({"train": {"epochs": {"vgg": 3}}}, "train.epochs = {'vgg': 3}: unknown model 'vgg'"),
         ({"train": {"optimizer": "rmsprop"}}, "train.optimizer = 'rmsprop': Input should be 'adam' or 'sgd'"),
         ({"data": {"source": "idx"}}, "data.idx_dir = None: required when data.source is 'idx'"),
@@ -50,11 +54,12 @@ def test_learning_rate_per_model_or_one_number():
         ({"frameworks": []}, "frameworks = []: list at least one of torch, tf, jax"),
         (
             {"optimizers": {"adam": {"learning_rate": {"mlp": 0.1, "vgg": 0.1}}}},
-            "optimizers.adam.learning_rate = {'mlp': 0.1, 'vgg': 0.1}: unknown model 'vgg' (allowed: mlp, cnn,",
+            f"optimizers.adam.learning_rate = {{'mlp': 0.1, 'vgg': 0.1}}: unknown model 'vgg' (allowed: "
+            f"{', '.join(ARCHITECTURES)})",
         ),
         (
             {"quality": {"min_test_accuracy": {"mlp": 0.9, "cnn": 0.9}}},
-            "quality.min_test_accuracy = {'mlp': 0.9, 'cnn': 0.9}: gives no floor for attention",
+            f"quality.min_test_accuracy = {{'mlp': 0.9, 'cnn': 0.9}}: gives no floor for {BEYOND_MLP_CNN} ",
         ),
         ({"replicates": {"parted": 6, "at_most": 5}}, "parted = 6: must be at most at_most (5)"),
         ({"replicates": {"parted": 0}}, "replicates.parted = 0: Input should be greater than or equal to 1"),
