@@ -56,18 +56,34 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
-    """pytest-xdist's file scheduling (`--dist loadfile`) with the files of SAME_WORKER joined, handed out in the
-    collection's order (above) instead of the most tests first. (Its `loadgroup` with an xdist_group mark per
-    file would join them too, but does not group under pytest 9.2: pytest-dev/pytest-xdist#1386.)"""
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """pytest-xdist's file scheduling (`--dist loadfile`) with the files of SAME_WORKER joined (file_scheduling),
+    handed out in the collection's order (above) instead of the most tests first."""
+    config.option.loadscopereorder = False  # --no-loadscope-reorder: the collection's order stands
+    return file_scheduling(config, log)
+
+
+def file_scheduling(config: pytest.Config, log: object) -> object | None:
+    """pytest-xdist's LoadScopeScheduling with a file for a work unit, the files of SAME_WORKER one unit.
+
+    Joining them makes test_taps_localize.py's two planted rounds that test_planted_porting_bugs.py judges too
+    (planted_runs: each a retraining of the planted models on a copy of the tiny run, and a validate run) once,
+    not once per worker. No public route: `--dist loadgroup` with an xdist_group mark per file joins nothing under
+    pytest 9.2 (upstream pytest-dev/pytest-xdist#1386: the nodeid suffix it groups by no longer takes effect),
+    and `--dist loadfile` joins no two files. So the scope of a test comes from overriding xdist's private
+    _split_scope(nodeid), as xdist's own LoadFileScheduling does. Guarded: should an xdist release move it, this
+    returns None (xdist's scheduling for the `--dist` given: the rounds made twice, no result changed) and
+    tests/unit/test_run_tests.py's test of it fails."""
     from xdist.scheduler import LoadScopeScheduling
+
+    if not callable(getattr(LoadScopeScheduling, "_split_scope", None)):
+        return None
 
     class FileScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::", 1)[0]
             return SAME_WORKER.get(path, path)
 
-    config.option.loadscopereorder = False  # --no-loadscope-reorder: the collection's order stands
     return FileScheduling(config, log)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -96,3 +97,40 @@ def test_the_files_come_in_the_tiny_runs_order() -> None:
              "tests/pipeline/test_validate_failures.py", "tests/pipeline/test_pipeline_e2e.py"]
     assert max(position[f] for f in never) < min(position[f] for f in needs), files
     assert [position[f] for f in needs] == sorted(position[f] for f in needs), files
+
+
+class _Worker:
+    """What xdist's scheduler sees of a worker: the indexes of the tests it is sent, in sends."""
+
+    def __init__(self, name: str) -> None:
+        self.gateway, self.shutting_down = SimpleNamespace(id=name), False
+        self.sends: list[list[int]] = []
+
+    def send_runtest_some(self, indexes: list[int]) -> None:
+        self.sends.append(indexes)
+
+    def shutdown(self) -> None:
+        self.shutting_down = True
+
+
+def test_the_workers_take_each_file_whole_and_the_joined_files_together(pytestconfig: pytest.Config) -> None:
+    """conftest.py's scheduler (file_scheduling): a file is one work unit, test_planted_porting_bugs.py and
+    test_taps_localize.py one unit between them, the units in the collection's order. It overrides pytest-xdist's
+    private LoadScopeScheduling._split_scope (no public route: its docstring); an xdist release that moves it
+    fails this test instead of quietly making the planted rounds once per worker."""
+    collection = ["tests/pipeline/test_planted_porting_bugs.py::test_a",
+                  "tests/pipeline/test_taps_localize.py::test_b[x]",
+                  "tests/pipeline/test_planted_porting_bugs.py::test_c", "tests/unit/test_report.py::test_d",
+                  "tests/unit/test_report.py::TestE::test_f", "tests/unit/test_docs.py::test_g",
+                  "tests/unit/test_docs.py::test_h", "tests/unit/test_docs.py::test_i"]
+    config = SimpleNamespace(option=SimpleNamespace(loadscopereorder=True), getvalue={"tx": ["2*popen"]}.get)
+    scheduler = pytestconfig.hook.pytest_xdist_make_scheduler(config=config, log=None)
+    assert scheduler is not None, "conftest.py's file_scheduling gave up: pytest-xdist moved _split_scope"
+    workers = [_Worker("gw0"), _Worker("gw1")]
+    for worker in workers:
+        scheduler.add_node(worker)
+    for worker in workers:
+        scheduler.add_node_collection(worker, collection)
+    scheduler.schedule()
+    units = {worker.gateway.id: [[collection[i] for i in sent] for sent in worker.sends] for worker in workers}
+    assert units == {"gw0": [collection[:3]], "gw1": [collection[3:5], collection[5:]]}, units

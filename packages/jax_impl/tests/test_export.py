@@ -3,6 +3,7 @@ files named in one-line ArtifactErrors, and a training-mode trace told apart fro
 
 from __future__ import annotations
 
+import inspect
 import subprocess
 import sys
 from collections.abc import Callable
@@ -138,24 +139,51 @@ def test_a_native_export_traced_in_training_mode_is_caught(training_resnet: tupl
         assert inference_mode_problems(predict, images, NATIVE_ABS) == [], name
 
 
-def test_onnx_export_imports_only_the_jax_and_flax_nnx_plugins(tmp_path: Path) -> None:
-    """A fresh process (plugin imports happen once per process): exporting converts with jax2onnx's jax and
-    flax.nnx plugins alone. Importing every plugin (jax2onnx's default) built equinox modules at import, ~10 s of XLA
-    compilations per stage; should a jax2onnx release rename the internals export.py uses, this fails while
-    exports still work."""
+def _export_in_a_fresh_process(out: Path, every_plugin: bool) -> str:
+    """Export the mlp and the attention model to ONNX in a fresh process (jax2onnx imports its plugins once per
+    process): with export.py's two plugin packages, or (every_plugin) with every plugin, as jax2onnx does by
+    itself. Prints the plugin trees imported and whether equinox was."""
     code = f"""
-import sys
+import importlib, sys
+from pathlib import Path
 import numpy as np
 import rosetta_jax
 from rosetta_common.testing import asymmetric_weights, small_config
-config = small_config("mlp", {IMAGE_SHAPE!r})
-rosetta_jax.export_onnx(rosetta_jax.build(config, asymmetric_weights(config, 1)), __import__("pathlib").Path(
-    {str(tmp_path / "m.onnx")!r}), np.zeros((2, *{IMAGE_SHAPE!r}), np.float32))
+export = importlib.import_module("rosetta_jax.export")
+if {every_plugin!r}:
+    export._load_plugins = lambda: None
+for arch in ("mlp", "attention"):
+    config = small_config(arch, {IMAGE_SHAPE!r})
+    model = rosetta_jax.build(config, asymmetric_weights(config, 1))
+    export.export_onnx(model, Path({str(out)!r}) / (arch + ".onnx"), np.zeros((2, *{IMAGE_SHAPE!r}), np.float32))
 trees = sorted({{m.split(".")[2] for m in sys.modules if m.startswith("jax2onnx.plugins.") and m.count(".") >= 3}})
 print(trees, "equinox" in sys.modules)
 """
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split()[-1] == "False", out.stdout  # equinox never imported
-    assert (tmp_path / "m.onnx").stat().st_size > 0
-    assert out.stdout.rsplit("]", 1)[0] + "]" == "['flax', 'jax']", out.stdout  # no equinox, dm_pix, examples
+    out.mkdir()
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout
+
+
+def test_onnx_export_imports_only_the_jax_and_flax_nnx_plugins_and_gives_the_same_bytes(tmp_path: Path) -> None:
+    """Exporting converts with jax2onnx's jax and flax.nnx plugins alone (export._load_plugins): importing every
+    plugin, jax2onnx's default, built equinox modules at import, seconds of XLA compilations per stage. The files
+    are byte for byte those of jax2onnx with every plugin."""
+    ours, everything = tmp_path / "ours", tmp_path / "every_plugin"
+    printed = _export_in_a_fresh_process(ours, every_plugin=False)
+    assert printed.split()[-1] == "False", printed  # equinox never imported
+    assert printed.rsplit("]", 1)[0] + "]" == "['flax', 'jax']", printed  # no equinox, dm_pix, examples
+    assert "equinox" in _export_in_a_fresh_process(everything, every_plugin=True)
+    for name in ("mlp.onnx", "attention.onnx"):
+        assert (ours / name).read_bytes() == (everything / name).read_bytes(), name
+
+
+def test_the_plugin_flag_export_py_sets_is_the_one_jax2onnx_reads() -> None:
+    """_load_plugins relies on one jax2onnx internal with no public route (its docstring): the module flag
+    plugin_system._already_imported_plugins that import_all_plugins reads before importing every plugin. A
+    jax2onnx release that moves it fails this test (and the one above) instead of quietly importing every plugin."""
+    from jax2onnx.plugins import plugin_system
+
+    assert isinstance(plugin_system._already_imported_plugins, bool)
+    source = inspect.getsource(plugin_system.import_all_plugins)
+    assert "global _already_imported_plugins" in source and "if _already_imported_plugins:" in source, source

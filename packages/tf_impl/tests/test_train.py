@@ -5,6 +5,8 @@ learning rate, determinism and learning itself are the conformance suite's (rose
 
 from __future__ import annotations
 
+import inspect
+
 import keras
 import numpy as np
 import pytest
@@ -12,15 +14,25 @@ import tensorflow as tf
 
 import rosetta_tf
 from rosetta_common.data import Dataset
+from rosetta_common.errors import TrainingError
 from rosetta_common.metrics import softmax_cross_entropy
 from rosetta_common.onnx_conventions import INPUT_NAME
 from rosetta_common.optim import adam_bias_corrections, adam_step
 from rosetta_common.reference import forward_train
 from rosetta_common.spec import Spec
-from rosetta_common.testing import asymmetric_weights, learnable_data, small_config, small_spec
+from rosetta_common.testing import ARCHS, asymmetric_weights, learnable_data, small_config, small_spec
 from rosetta_common.training import TrainPlan, dropout_masks, plan
 from rosetta_tf.models import MASK_INPUT, model_config, training_view
-from rosetta_tf.train import StepLoss, TorchAdam, make_loss, make_optimizer, run_optimizer, xla_step
+from rosetta_tf.train import (
+    StepLoss,
+    TorchAdam,
+    compile_step,
+    make_loss,
+    make_optimizer,
+    restart,
+    run_optimizer,
+    xla_step,
+)
 
 FORMULA_REL = 1e-6  # TorchAdam's moves vs rosetta_common.optim.adam_step, elementwise relative
 # torch's lerp for the first moment vs the reference's b1*m + (1-b1)*g: last bits of m, which only a move that
@@ -111,6 +123,54 @@ def test_fit_compiles_its_step_with_xla_on_a_cpu_but_for_max_pooling_and_batchno
     expected = compiled and not tf.config.list_physical_devices("GPU")
     assert xla_step(training_view(model)) is expected
     assert training_view(model).jit_compile is expected
+
+
+def test_xla_step_finds_max_pooling_and_batchnorm_in_every_model() -> None:
+    """xla_step walks the functional model's layers (Model.layers): the cnn's MaxPooling2D and the resnet's
+    BatchNormalization, in the inference model and in its training twin, are found; no other model has either."""
+    on_cpu = not tf.config.list_physical_devices("GPU")
+    for arch in ARCHS:
+        config = small_config(arch)
+        model = rosetta_tf.build(config, asymmetric_weights(config, 0))
+        expected = on_cpu and arch not in ("cnn", "resnet")
+        assert xla_step(model) is expected and xla_step(training_view(model)) is expected, arch
+
+
+def test_the_keras_internal_compile_step_sets_is_where_it_was(monkeypatch: pytest.MonkeyPatch) -> None:
+    """compile_step relies on one Keras internal with no public route (its docstring): under op determinism Keras'
+    public setter refuses XLA, the jit_compile property returns Model._jit_compile, and fit's step is compiled with
+    that property. A Keras release that moves any of it fails this test; and should the property stop reading the
+    attribute, compile_step stops training with a TrainingError rather than train other bytes."""
+    config = small_config("mlp")
+    model = rosetta_tf.build(config, asymmetric_weights(config, 0))
+    model.compile(optimizer="sgd", loss=make_loss(), jit_compile=False)
+    with pytest.warns(UserWarning, match="jit_compile"):
+        model.jit_compile = True  # the public route, refused
+    assert model.jit_compile is False
+    model._jit_compile = True
+    assert model.jit_compile is True
+    assert "jit_compile=self.jit_compile" in inspect.getsource(model._make_function)
+
+    model._jit_compile = False
+    compile_step(model)
+    assert model.jit_compile is xla_step(model)
+    if xla_step(model):
+        monkeypatch.setattr(type(model), "jit_compile", property(lambda self: False))
+        with pytest.raises(TrainingError, match="no longer reads"):
+            compile_step(model)
+
+
+def test_restart_zeroes_every_optimizer_variable_but_the_learning_rate() -> None:
+    """A model trained again restarts its optimizer (restart): step count and slots zero, as a fresh optimizer's,
+    the learning rate kept."""
+    for optimizer in ("adam", "sgd"):
+        spec = plan(small_spec(optimizer=optimizer), "mlp", 64).optimizer
+        built = make_optimizer(None, spec, 3)
+        run_optimizer(built, {"w": np.ones(4, np.float32)}, [{"w": np.full(4, 0.5, np.float32)}] * 2)
+        restart(built)
+        rate = float(built.learning_rate.numpy())
+        assert rate == np.float32(spec.learning_rate), optimizer
+        assert all(not np.asarray(v.numpy()).any() for v in built.variables if v is not built.learning_rate)
 
 
 @pytest.mark.parametrize(("arch", "optimizer"), [("mlp", "adam"), ("mlp", "sgd"), ("resnet", "adam")])

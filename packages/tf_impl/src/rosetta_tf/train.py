@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import keras
@@ -233,8 +233,9 @@ _COMPILED: weakref.WeakKeyDictionary[keras.Model, OptimizerSpec] = weakref.WeakK
 def restart(optimizer: keras.optimizers.Optimizer) -> None:
     """The optimizer as a fresh one of its kind starts: no step taken, every slot (momentum, velocity) zero. Its
     learning rate (a variable too) stays."""
+    rate = optimizer.learning_rate  # a constant rate: Keras' variable itself
     for variable in optimizer.variables:
-        if variable is not optimizer._learning_rate:  # Keras keeps the rate's variable only there
+        if variable is not rate:
             variable.assign(np.zeros(variable.shape, variable.dtype))
 
 
@@ -244,13 +245,39 @@ def restart(optimizer: keras.optimizers.Optimizer) -> None:
 NOT_XLA = (keras.layers.MaxPooling2D, keras.layers.BatchNormalization)
 
 
+def _layers(model: keras.Model) -> Iterator[keras.layers.Layer]:
+    """Every layer of a functional model (Model.layers), those of the models nested in it included."""
+    for layer in model.layers:
+        yield layer
+        if isinstance(layer, keras.Model):
+            yield from _layers(layer)
+
+
 def xla_step(trainer: keras.Model) -> bool:
     """Whether fit's training step is compiled by XLA: on a CPU, for a model without a NOT_XLA layer. XLA's CPU code
     is deterministic from one process to the next (JAX's is the same compiler) and about halves the text model's
-    step on 2 cores; on a GPU some XLA kernels are not deterministic. Keras switches jit_compile off whenever op
-    determinism is on, so train() sets it after compile."""
-    excluded = any(isinstance(layer, NOT_XLA) for layer in trainer._flatten_layers())
+    step on 2 cores; on a GPU some XLA kernels are not deterministic. Keras refuses it under op determinism:
+    compile_step sets it."""
+    excluded = any(isinstance(layer, NOT_XLA) for layer in _layers(trainer))
     return not excluded and not tf.config.list_physical_devices("GPU")
+
+
+def compile_step(trainer: keras.Model) -> None:
+    """Compile fit's training step with XLA where xla_step says, on a model compiled with jit_compile=False.
+
+    Keras refuses XLA under op determinism (model_supports_jit: compile(jit_compile=True) and the public
+    jit_compile setter both warn and keep it off, since upstream keras-team/keras#20315, which answered
+    tensorflow/tensorflow#69417's GPU MaxPool gradient); no upstream issue asking to opt back in was found. So the
+    private attribute behind the jit_compile property is set. Without it the trained bytes change (the losses and
+    weights of mlp, attention, lstm, gru and text_transformer all differ) and the text model's epochs take 2.7 s
+    instead of 1.5 s (params.yaml's model, 4,000 snippets an epoch, 2 threads). Guarded: if a Keras release moves
+    the attribute, the property no longer reads it and training stops with a TrainingError rather than train other
+    bytes; test_train's test of this internal fails first."""
+    xla = xla_step(trainer)
+    trainer._jit_compile = xla
+    if trainer.jit_compile is not xla:
+        raise TrainingError(f"Keras {keras.__version__}: Model.jit_compile no longer reads Model._jit_compile, so "
+                            f"fit's step cannot be XLA's and would train other bytes (rosetta_tf.train.compile_step)")
 
 
 def train(model: keras.Model, plan: TrainPlan, data: Dataset, hook: StepHook | None = None) -> TrainResult:
@@ -271,11 +298,11 @@ def train(model: keras.Model, plan: TrainPlan, data: Dataset, hook: StepHook | N
     if _COMPILED.get(trainer) == plan.optimizer:
         restart(trainer.optimizer)  # trained before with this optimizer: fit reuses its traced step
     else:
-        # steps_per_execution=1 so every step's loss is seen; XLA where xla_step says (Keras' own check would
-        # refuse it under op determinism, so it is set on the compiled model).
+        # steps_per_execution=1 so every step's loss is seen; XLA where xla_step says (compile_step: Keras' own
+        # check would refuse it under op determinism).
         trainer.compile(optimizer=make_optimizer(model, plan.optimizer, plan.num_steps), loss=make_loss(),
                         metrics=[StepLoss()], jit_compile=False, steps_per_execution=1)
-        trainer._jit_compile = xla_step(trainer)
+        compile_step(trainer)
         _COMPILED[trainer] = plan.optimizer
     record = _Record(plan.num_steps, desc=f"tf {plan.arch}", hook=hook, model=model)
     start = time.perf_counter()
