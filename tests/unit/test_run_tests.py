@@ -4,6 +4,7 @@ the order the workers take the files in."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -32,6 +33,34 @@ def test_a_bad_worker_count_is_one_line_before_anything_starts(tmp_path: Path) -
     assert result.returncode != 0 and result.stdout == ""
     assert result.stderr.strip() == ("error: ROSETTA_TEST_WORKERS='two': must be a whole number of workers, "
                                      "0 or more")
+
+
+@pytest.mark.parametrize(("model", "message"), [
+    ("tcn", "error: MODEL = 'tcn': not a registered architecture; allowed: mlp, cnn, attention,"),
+    ("", "error: MODEL = '': name one or more of mlp, cnn, attention,")])
+def test_a_model_run_names_a_registered_model_before_anything_starts(tmp_path: Path, model: str,
+                                                                    message: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "tooling.build.run_tests", "model", "--model", model], cwd=REPO,
+                          capture_output=True, text=True, check=False, timeout=60)
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.strip().startswith(message) and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_a_model_run_tests_that_model_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The suites a model run starts see only it: the framework suites and packages/common/tests, nothing else."""
+    started: list[tuple[str, list[str], str]] = []
+    # main() sets the suites' variables in its own process: a copy here, so no later test inherits them
+    monkeypatch.setattr(os, "environ", {k: v for k, v in os.environ.items() if k != "ROSETTA_TEST_MODELS"})
+
+    def fake_run(name: str, cmd: list[str], sink: object) -> int:
+        started.append((name, cmd, os.environ["ROSETTA_TEST_MODELS"]))
+        return 0
+
+    monkeypatch.setattr(run_tests, "run", fake_run)
+    assert run_tests.main(["model", "--model", "gru,cnn"]) == 0
+    assert [name for name, _, _ in started] == [*run_tests.FRAMEWORKS, "cross"]
+    assert {models for _, _, models in started} == {"cnn gru"}
+    assert started[-1][1][-1] == "packages/common/tests"
 
 
 def test_every_suite_compiles_jax_programs_into_one_cache_in_the_runs_own_folder(tmp_path: Path) -> None:
