@@ -12,27 +12,35 @@ docs/judge.md, 'The measured null'. Written with numpy alone (the validation env
 
 from __future__ import annotations
 
+import hashlib
+import itertools
 import math
-import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
-PERMUTATIONS = 9999  # pooled_p's random relabellings: p-values from 1e-4, far below any Holm threshold
+PERMUTATIONS = 9999  # pooled_p's random relabellings where there are too many to enumerate: p from 1e-4
+# pooled_p enumerates every relabelling, and so gives the exact p, where the groups allow at most this many (three
+# groups of 3: 1,680; of 4, 4 and 3: 11,550; of 6, 3 and 3: 18,480; of 6, 6 and 6: 17 million, drawn instead).
+EXACT_UP_TO = 100_000
 
 
 def pooled_null(groups: dict[str, Sequence[Any]], distance: Callable[[Any, Any], float], test: str
                 ) -> dict[str, Any]:
     """A row's "null" (pooled_p over `groups`: each side's run and its replicates, those that parted from it for
-    an end-of-training figure, every window replicate for a lockstep one): the pseudo-F, its p-value, the
-    smallest p the group sizes allow, and each group's size; `test` names it in Holm's family and seeds its
-    relabellings, so every pair it judges shares it."""
+    an end-of-training figure, every window replicate for a lockstep one): the pseudo-F, its p-value, whether
+    that p is exact (every relabelling) or drawn, the smallest p the group sizes allow, and each group's size;
+    `test` names it in Holm's family, so every pair it judges shares it."""
     statistic, p = pooled_p(list(groups.values()), distance, test)
+    sizes = [len(g) for g in groups.values()]
+    count = labellings([g for g, size in enumerate(sizes) for _ in range(size)])
+    exact = count <= EXACT_UP_TO
     return {"method": "pooled_permutation", "test": test,
             "statistic": statistic if math.isfinite(statistic) else None, "p_value": p,
-            "floor": max(1 / partitions([len(g) for g in groups.values()]), 1 / (PERMUTATIONS + 1)),
-            "permutations": PERMUTATIONS, "groups": {name: len(g) for name, g in groups.items()}}
+            "floor": 1 / partitions(sizes) if exact else max(1 / partitions(sizes), 1 / (PERMUTATIONS + 1)),
+            "exact": exact, "permutations": count if exact else PERMUTATIONS,
+            "groups": {name: len(g) for name, g in groups.items()}}
 
 
 def holm_rejected(p_values: Sequence[float], alpha: float) -> list[bool]:
@@ -60,13 +68,16 @@ def pseudo_f(squared: np.ndarray, labels: np.ndarray, groups: int) -> np.ndarray
         return (between / (groups - 1)) / (within / (n - groups))
 
 
-def pooled_p(groups: Sequence[Sequence[Any]], distance: Callable[[Any, Any], float], key: str,
-             permutations: int = PERMUTATIONS) -> tuple[float, float]:
+def pooled_p(groups: Sequence[Sequence[Any]], distance: Callable[[Any, Any], float], key: str = "",
+             permutations: int = PERMUTATIONS, seed: int | None = None) -> tuple[float, float]:
     """The pooled permutation test of one end-of-training figure (docs/judge.md, 'The measured null'): each
     framework's run and its replicates that parted are one group; under the null every end state is a draw of the
     same training, so the framework labels are exchangeable. Returns the pseudo-F of the observed labels and its
-    p-value, the share of `permutations` random relabellings (seeded by `key`, so a run gives the same bytes) with
-    a pseudo-F at least as large, the observed one counted."""
+    p-value: the share of relabellings with a pseudo-F at least as large, the observed one counted. Where the
+    groups allow at most EXACT_UP_TO relabellings, every one (the exact p, which no draw decides); otherwise
+    `permutations` random ones, seeded by the points themselves (so the same figures give the same p, whatever
+    the test is called) unless `seed` is given (tooling/diagnose/null_power shares one set of relabellings over its
+    simulated draws). `key` names the test for the caller; it seeds nothing."""
     points = [point for group in groups for point in group]
     labels = np.concatenate([np.full(len(group), g) for g, group in enumerate(groups)])
     n = len(points)
@@ -74,15 +85,60 @@ def pooled_p(groups: Sequence[Sequence[Any]], distance: Callable[[Any, Any], flo
     for i in range(n):
         for j in range(i + 1, n):
             squared[i, j] = squared[j, i] = float(distance(points[i], points[j])) ** 2
+    if squared.sum() == 0:  # every point equal: no labelling is more extreme than any other
+        return math.nan, 1.0
     observed = float(pseudo_f(squared, labels[None], len(groups))[0])
-    if not np.isfinite(observed):  # no spread within any group: every point of a group equal
-        return observed, 1.0 if squared.sum() == 0 else 1 / (permutations + 1)
-    rng = np.random.default_rng(zlib.crc32(key.encode()))
+    # At least as large, relatively, as the observed pseudo-F; an observed infinity (no spread within any group)
+    # is matched only by the labellings that also leave none.
+    bar = observed * (1 - 1e-12) if math.isfinite(observed) else math.inf
+    if labellings(labels.tolist()) <= EXACT_UP_TO:
+        total = larger = 0
+        for chunk in every_labelling(labels.tolist()):
+            total += len(chunk)
+            larger += int(np.count_nonzero(pseudo_f(squared, chunk, len(groups)) >= bar))
+        return observed, larger / total
+    if seed is None:
+        seed = int.from_bytes(hashlib.sha256(squared.tobytes() + labels.tobytes()).digest()[:8])
+    rng = np.random.default_rng(seed)
     larger = 0
     for start in range(0, permutations, 1000):
         drawn = rng.permuted(np.tile(labels, (min(1000, permutations - start), 1)), axis=1)
-        larger += int(np.count_nonzero(pseudo_f(squared, drawn, len(groups)) >= observed * (1 - 1e-12)))
+        larger += int(np.count_nonzero(pseudo_f(squared, drawn, len(groups)) >= bar))
     return observed, (1 + larger) / (permutations + 1)
+
+
+def labellings(labels: Sequence[int]) -> int:
+    """How many different labellings of the points keep each group's size (the multinomial coefficient)."""
+    ways, left = 1, len(labels)
+    for size in np.bincount(np.asarray(labels, dtype=np.int64)).tolist():
+        ways *= math.comb(left, size)
+        left -= size
+    return ways
+
+
+def every_labelling(labels: Sequence[int], chunk: int = 1000) -> Iterator[np.ndarray]:
+    """Every labelling of the points that keeps each group's size, the observed one among them, `chunk` rows at a
+    time: each group's positions chosen in turn from those left."""
+    sizes = np.bincount(np.asarray(labels, dtype=np.int64)).tolist()
+    n = len(labels)
+
+    def fill(left: tuple[int, ...], group: int) -> Iterator[dict[int, int]]:
+        if group == len(sizes) - 1:
+            yield dict.fromkeys(left, group)
+            return
+        for chosen in itertools.combinations(left, sizes[group]):
+            rest = tuple(i for i in left if i not in chosen)
+            for tail in fill(rest, group + 1):
+                yield {**dict.fromkeys(chosen, group), **tail}
+
+    rows: list[list[int]] = []
+    for assignment in fill(tuple(range(n)), 0):
+        rows.append([assignment[i] for i in range(n)])
+        if len(rows) == chunk:
+            yield np.asarray(rows)
+            rows = []
+    if rows:
+        yield np.asarray(rows)
 
 
 def partitions(sizes: Sequence[int]) -> int:

@@ -23,9 +23,12 @@ def test_the_simulated_p_is_the_validate_stages_pooled_p() -> None:
     draws = np.random.default_rng(2).standard_normal((12, 3, 6))
     draws[6:, 0] += 2.0
     ours = null_power.pooled_ps(draws, null_power.relabellings(6, 199, "key"))
-    theirs = [pooled_p([list(group) for group in states], lambda a, b: abs(a - b), "key", permutations=199)[1]
-              for states in draws]
+    theirs = [pooled_p([list(group) for group in states], lambda a, b: abs(a - b), "key", permutations=199,
+                       seed=null_power.seed("key"))[1] for states in draws]
     assert ours.tolist() == theirs
+    exact = null_power.pooled_ps(draws[:, :, :3], null_power.relabellings(3, 199))  # 1,680: every one, exact
+    assert exact.tolist() == [pooled_p([list(g) for g in states[:, :3]], lambda a, b: abs(a - b))[1]
+                              for states in draws]
 
 
 def test_a_moved_framework_is_found_and_more_parted_replicates_find_a_smaller_shift() -> None:

@@ -3,6 +3,7 @@ procedure, against brute force and against the textbook cases."""
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import numpy as np
@@ -47,7 +48,40 @@ def test_pooled_p_finds_a_moved_framework_and_not_equal_ones() -> None:
     _, p_same = pooled_p(same, lambda a, b: abs(a - b), "same")
     f_moved, p_moved = pooled_p(moved, lambda a, b: abs(a - b), "moved")
     assert p_same > 0.05 and p_moved == pytest.approx(1 / 10000) and f_moved > 10
-    assert pooled_p(moved, lambda a, b: abs(a - b), "moved") == (f_moved, p_moved)  # seeded by its name
+    assert pooled_p(moved, lambda a, b: abs(a - b), "renamed") == (f_moved, p_moved)  # the points seed it, not names
+
+
+def brute_force_p(groups: list[list[float]]) -> float:
+    """The exact p by its definition: the share of the distinct labellings (group sizes kept) whose pseudo-F is at
+    least the observed one, each labelling built from itertools' permutations of the label vector."""
+    points = [v for g in groups for v in g]
+    labels = [k for k, g in enumerate(groups) for _ in g]
+    distinct = sorted(set(itertools.permutations(labels)))
+    observed = brute_force_f(points, labels)
+    return sum(brute_force_f(points, list(lab)) >= observed * (1 - 1e-12) for lab in distinct) / len(distinct)
+
+
+@pytest.mark.parametrize("sizes", [(3, 3, 2), (2, 2, 2), (4, 3)])
+def test_few_relabellings_give_the_exact_p_whatever_the_test_is_called(sizes: tuple[int, ...]) -> None:
+    rng = np.random.default_rng(sum(sizes))
+    groups = [list(rng.standard_normal(k) + 0.7 * i) for i, k in enumerate(sizes)]
+    p = pooled_p(groups, lambda a, b: abs(a - b), "one name")[1]
+    assert p == pytest.approx(brute_force_p(groups), abs=1e-12)
+    assert pooled_p(groups, lambda a, b: abs(a - b), "another name")[1] == p
+    null = pooled_null(dict(zip("abc", groups, strict=False)), lambda a, b: abs(a - b), "t")
+    assert null["exact"] and null["p_value"] == p and null["p_value"] >= null["floor"]
+
+
+def test_no_path_gives_a_p_below_the_floor() -> None:
+    """Groups with no spread within (every replicate a copy of its run) are the most extreme split there is,
+    which the other labellings that also leave none share: p is the floor, not a draw's smallest p."""
+    distance = lambda a, b: abs(a - b)  # noqa: E731
+    copies = {"torch": [1.0, 1.0, 1.0], "tf": [2.0, 2.0, 2.0], "jax": [3.0, 3.0, 3.0]}
+    null = pooled_null(copies, distance, "copies")
+    assert null["statistic"] is None and null["p_value"] == pytest.approx(null["floor"]) == pytest.approx(1 / 280)
+    assert pooled_p([[1.0, 1.0], [1.0, 1.0]], distance, "equal") == (pytest.approx(np.nan, nan_ok=True), 1.0)
+    drawn = pooled_null({"torch": [0.0] * 6, "tf": [1.0] * 6, "jax": [2.0] * 6}, distance, "drawn")
+    assert not drawn["exact"] and drawn["p_value"] >= drawn["floor"]
 
 
 def test_the_pooled_null_records_its_test_and_the_floor_its_groups_allow() -> None:

@@ -9,10 +9,12 @@ finds at the same alpha / m with ten replicates per framework, each parted (each
 within distances).
 
 The model: each framework's run and its P parted replicates end at a figure drawn from N(0, 1); a porting bug moves
-one framework's run and all its replicates by the shift; distance |a - b|. Each draw is judged by pseudo_f over the
-same 1999 seeded relabellings as pooled_p would draw them (pooled_p draws 9999): p from 1/2000, an eighth of alpha /
-12; the interim look judges the run and its first replicates alone. Monte-Carlo, seeded: the same command prints
-the same table on any machine. docs/judge.md, 'The power of the null', shows its output.
+one framework's run and all its replicates by the shift; distance |a - b|. Each draw is judged by pseudo_f as
+pooled_p judges it: over every relabelling where the groups allow at most EXACT_UP_TO (the interim look's three
+groups of 3: 1,680, the exact p), otherwise over 1999 seeded relabellings shared by every draw (pooled_p draws 9999
+per test): p from 1/2000, an eighth of alpha / 12; the interim look judges the run and its first replicates
+alone. Monte-Carlo, seeded: the same command prints the same table on any machine. docs/judge.md, 'The power of the
+null', shows its output.
 
     python -m tooling.diagnose.null_power [--samples 2000] [--families 3 6 12] [--parted P] [--first F] [--futility B]
                                  [--spread 3]
@@ -31,7 +33,7 @@ import numpy as np
 import yaml
 from tqdm import tqdm
 
-from pipelines.checks.replicate_null import pseudo_f
+from pipelines.checks.replicate_null import EXACT_UP_TO, every_labelling, labellings, pseudo_f
 
 REPO = Path(__file__).resolve().parents[2]
 POWER = 0.8
@@ -62,11 +64,20 @@ def design() -> Design:
                   float(params["tolerances"]["null_alpha"]))
 
 
+def seed(key: str) -> int:
+    """The seed of the simulation's shared relabellings (pooled_p's `seed`)."""
+    return zlib.crc32(key.encode())
+
+
 def relabellings(points: int, count: int = RELABELLINGS, key: str = KEY) -> np.ndarray:
-    """The observed labels (row 0: `points` per framework), then `count` random relabellings drawn as pooled_p draws
-    them for `key`."""
+    """The observed labels (row 0: `points` per framework), then the others pooled_p compares it with: every other
+    labelling where the groups allow at most EXACT_UP_TO (pooled_p's exact p), otherwise `count` random ones
+    drawn as pooled_p draws them with the seed `key` gives (`seed(key)`)."""
     labels = np.repeat(np.arange(FRAMEWORKS), points)
-    rng = np.random.default_rng(zlib.crc32(key.encode()))
+    if labellings(labels.tolist()) <= EXACT_UP_TO:
+        every = np.concatenate(list(every_labelling(labels.tolist())))
+        return np.concatenate([labels[None], every[(every != labels).any(axis=1)]])
+    rng = np.random.default_rng(seed(key))
     drawn = [rng.permuted(np.tile(labels, (min(1000, count - start), 1)), axis=1) for start in range(0, count, 1000)]
     return np.concatenate([labels[None], *drawn])
 
