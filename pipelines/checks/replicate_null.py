@@ -22,8 +22,9 @@ import numpy as np
 
 PERMUTATIONS = 9999  # pooled_p's random relabellings where there are too many to enumerate: p from 1e-4
 # pooled_p enumerates every relabelling, and so gives the exact p, where the groups allow at most this many (three
-# groups of 3: 1,680; of 4, 4 and 3: 11,550; of 6, 3 and 3: 18,480; of 6, 6 and 6: 17 million, drawn instead).
-EXACT_UP_TO = 100_000
+# groups of 3: 1,680; of 4, 4 and 3: 11,550; of 6, 3 and 3: 18,480): about half a second of numpy at the most. More
+# (three groups of 4: 34,650; of 6: 17 million) are drawn instead.
+EXACT_UP_TO = 20_000
 
 
 def pooled_null(groups: dict[str, Sequence[Any]], distance: Callable[[Any, Any], float], test: str
