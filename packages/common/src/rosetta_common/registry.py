@@ -202,11 +202,6 @@ def entry(name: str) -> ArchitectureEntry:
         raise SpecError(f"architecture = {name!r}: unknown; allowed: {', '.join(ARCHITECTURES)}") from None
 
 
-def of_family(*families: str) -> tuple[str, ...]:
-    """The architectures of these families, in the registry's order."""
-    return tuple(name for name, e in REGISTRY.items() if e.family in families)
-
-
 def of_reading(reads: str) -> tuple[str, ...]:
     """The architectures that read `reads` ("images" or "tokens"), in the registry's order."""
     return tuple(name for name, e in REGISTRY.items() if e.reads == reads)

@@ -238,7 +238,7 @@ def _load_plugins() -> None:
     instead of 9.6 s (medians of 5 alternated processes on 2 threads), every file byte for byte the same (all
     seven models). The packages are imported through importlib and pkgutil; the private part is the flag that
     tells jax2onnx its plugins are imported (plugin_system._already_imported_plugins): jax2onnx 0.17 has no public
-    way to choose its plugins or skip importing them all, and no upstream issue asking for one was found. Guarded:
+    way to choose its plugins or skip importing them all (its import_all_plugins reads only that flag). Guarded:
     if a release moves the flag, the converter imports every plugin again (slower, the same bytes) and
     test_export's test of this internal fails."""
     try:

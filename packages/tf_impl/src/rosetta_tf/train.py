@@ -267,7 +267,7 @@ def compile_step(trainer: keras.Model) -> None:
 
     Keras refuses XLA under op determinism (model_supports_jit: compile(jit_compile=True) and the public
     jit_compile setter both warn and keep it off, since upstream keras-team/keras#20315, which answered
-    tensorflow/tensorflow#69417's GPU MaxPool gradient); no upstream issue asking to opt back in was found. So the
+    tensorflow/tensorflow#69417's GPU MaxPool gradient); Keras has no public way to opt back in. So the
     private attribute behind the jit_compile property is set. Without it the trained bytes change (the losses and
     weights of mlp, attention, lstm, gru and text_transformer all differ) and the text model's epochs take 2.7 s
     instead of 1.5 s (params.yaml's model, 4,000 snippets an epoch, 2 threads). Guarded: if a Keras release moves

@@ -212,7 +212,7 @@ def _registry_built_once() -> Iterator[None]:
 
     No public route: the registry comes from torch.onnx's private ONNXRegistry.from_torchlib, and
     torch.onnx.export takes none since the public OnnxRegistry and ExportOptions were removed with the legacy
-    dynamo_export (upstream pytorch/pytorch#149745); no upstream issue asking to reuse one was found. Guarded:
+    dynamo_export (upstream pytorch/pytorch#149745); no public API reuses one. Guarded:
     should a torch release move from_torchlib or its module's logger, exports build their own registry again
     (slower, the same bytes, the torchvision notices back) and test_export's test of this internal fails."""
     try:
