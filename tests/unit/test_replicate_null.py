@@ -1,18 +1,49 @@
 """The validate stage's measured null (pipelines/checks/replicate_null.py): the pooled permutation test and Holm's
-procedure, against brute force and against the textbook cases."""
+procedure, against brute force and against the textbook cases.
+
+Holm's procedure is statsmodels' (holm_rejected), which only the validation environment holds: what decides with it
+(holm_rejected itself, Ledger.judge_nulls) runs there through the runner, as the validate stage does, and its
+decisions come back as JSON to be judged here."""
 
 from __future__ import annotations
 
 import itertools
 import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
 
-from pipelines.checks.ledger import Ledger
-from pipelines.checks.replicate_null import holm_rejected, partitions, pooled_null, pooled_p, pseudo_f
+from pipelines.checks.replicate_null import partitions, pooled_null, pooled_p, pseudo_f
 from pipelines.checks.replicates import null_group, parted
 from support import run_in
+
+
+def in_validation(code: str) -> Any:
+    """Run `code` in the validation environment; what its last line printed, as JSON."""
+    done = run_in("validation", code)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+JUDGE = """
+import json
+from pipelines.checks.ledger import Ledger
+rows, alpha, futility = json.loads({payload!r})
+ledger = Ledger()
+for row in rows:
+    ledger.add_null(*row)
+ledger.judge_nulls(alpha, futility)
+print(json.dumps([{{"passed": c.passed, "detail": c.detail, "null": c.null}} for c in ledger.checks]))
+"""
+
+
+def judged(rows: list[tuple[Any, ...]], alpha: float, futility: float | None = None) -> list[SimpleNamespace]:
+    """Ledger.judge_nulls over these add_null rows, in the validation environment: each check's verdict."""
+    checks = in_validation(JUDGE.format(payload=json.dumps([rows, alpha, futility])))
+    return [SimpleNamespace(**check) for check in checks]
 
 
 def test_parted_reads_each_replicates_step_losses_against_its_own_runs() -> None:
@@ -102,30 +133,131 @@ def test_a_null_too_thin_to_reject_leaves_the_float32_bound_standing() -> None:
     so its figure fails (it is beyond its float32 bound, or no null would judge it). One that could reject at a
     later step is judged by Holm, so a failure elsewhere does not silence it. A test two pairs share counts once
     in Holm's family."""
-    ledger = Ledger()
     distance = lambda a, b: abs(a - b)  # noqa: E731
     thin = pooled_null({"torch": [0.0, 0.1], "tf": [1.0, 1.1]}, distance, "thin")  # 3 splits: p at least 1/3
     wide = pooled_null({"torch": [0.0, 0.1, 0.2, 0.3], "tf": [0.05, 0.15, 0.25, 0.35]}, distance, "wide")  # 1/35
     rng = np.random.default_rng(0)
     strong = pooled_null({"torch": list(rng.standard_normal(6)), "tf": list(rng.standard_normal(6) + 5),
                           "jax": list(rng.standard_normal(6))}, distance, "strong")
-    for subject, null in (("torch|tf", thin), ("torch|jax", wide), ("torch|tf", strong), ("tf|jax", strong)):
-        ledger.add_null("cnn", subject, "test_loss_rel", 0.01, 1e-3, null, "runs part")
-    ledger.judge_nulls(0.05)
-    thin_check, wide_check, strong_a, strong_b = ledger.checks
+    checks = judged([("cnn", subject, "test_loss_rel", 0.01, 1e-3, null, "runs part")
+                     for subject, null in (("torch|tf", thin), ("torch|jax", wide), ("torch|tf", strong),
+                                           ("tf|jax", strong))], 0.05)
+    thin_check, wide_check, strong_a, strong_b = checks
     assert thin["floor"] == pytest.approx(1 / 3) and wide["floor"] == pytest.approx(1 / 35)
     assert not thin_check.passed and "the float32 bound stands" in thin_check.detail, thin_check.detail
     assert wide_check.passed and "no larger at alpha 0.05, Holm over 3" in wide_check.detail, wide_check.detail
     assert not strong_a.passed and not strong_b.passed and "different at alpha 0.05" in strong_a.detail
-    assert all(c.null["holm_family"] == 3 for c in ledger.checks)
+    assert all(c.null["holm_family"] == 3 for c in checks)
     assert strong_a.null["threshold"] == pytest.approx(0.05 / 3) and wide_check.null["threshold"] == 0.05
 
 
-def test_holm_rejects_step_down() -> None:
-    assert holm_rejected([0.001, 0.2, 0.01], 0.05) == [True, False, True]  # 0.001 <= 0.05/3, 0.01 <= 0.05/2
-    assert holm_rejected([0.02, 0.03], 0.05) == [True, True]  # 0.02 <= 0.025, then 0.03 <= 0.05
-    assert holm_rejected([0.03, 0.03], 0.05) == [False, False]  # 0.03 > 0.025 stops at the first
-    assert holm_rejected([], 0.05) == []
+# Holm's procedure: holm_rejected's decisions against brute force, on the textbook cases, on vectors where a wrong
+# procedure differs, and on thousands of random ones.
+TEXTBOOK = [
+    ([0.001, 0.2, 0.01], 0.05, [True, False, True]),  # 0.001 <= 0.05/3, 0.01 <= 0.05/2, 0.2 > 0.05
+    ([0.02, 0.03], 0.05, [True, True]),  # 0.02 <= 0.025, then 0.03 <= 0.05
+    ([0.03, 0.03], 0.05, [False, False]),  # 0.03 > 0.025 stops at the first
+    ([], 0.05, []),
+]
+# Where a procedure often taken for Holm's decides otherwise: Bonferroni holds every p to alpha / m (keeps 0.04 of
+# the first), Hochberg's step-up rejects all below the largest p within its threshold (rejects both of the second).
+WHERE_THEY_DIFFER = [([0.01, 0.04], 0.05), ([0.04, 0.04], 0.05)]
+PLANTED = ("bonferroni", "simes-hochberg")  # statsmodels' names for them
+RANDOM_VECTORS = 6000
+# multipletests' Holm branch calls gc.collect() on every call: 20 ms each with statsmodels loaded, minutes over the
+# cases below. gc.freeze() leaves what is loaded out of those collections; it decides nothing.
+DECIDE = """
+import gc, json
+from statsmodels.stats.multitest import multipletests
+from pipelines.checks.replicate_null import holm_rejected
+gc.freeze()
+cases = json.load(open({path!r}))
+decisions = {{"holm_rejected": [holm_rejected(p, alpha) for p, alpha in cases]}}
+for method in {planted!r}:
+    decisions[method] = [[bool(r) for r in multipletests(p, alpha=alpha, method=method)[0]] for p, alpha in cases]
+print(json.dumps(decisions))
+"""
+
+
+def holm_by_closed_testing(p: list[float], alpha: float) -> list[bool]:
+    """Holm's procedure by its definition as a closed test (Holm 1979): a hypothesis is rejected where every
+    intersection of hypotheses that holds it is rejected by Bonferroni's test (its smallest p at most alpha over
+    its size). Every subset, by brute force; no sorting, no steps."""
+    kept = [subset for size in range(1, len(p) + 1) for subset in itertools.combinations(range(len(p)), size)
+            if min(p[i] for i in subset) > alpha / size]
+    covered = {i for subset in kept for i in subset}
+    return [i not in covered for i in range(len(p))]
+
+
+def random_cases(count: int, seed: int = 0) -> list[tuple[list[float], float]]:
+    """Families of 0 to 8 p-values at several alphas: uniform on [0, 1], near the thresholds, exactly at a
+    threshold alpha / k or one ulp either side of it, and ties drawn from a few such values."""
+    rng = np.random.default_rng(seed)
+    cases = []
+    for n in range(count):
+        m, alpha = int(rng.integers(0, 9)), float(rng.choice([0.05, 0.01, 0.1]))
+        thresholds = [alpha / k for k in range(1, m + 1)]
+        kind = n % 4
+        if kind == 0:
+            p = rng.uniform(0, 1, m).tolist()
+        elif kind == 1:
+            p = rng.uniform(0, 2.5 * alpha, m).tolist()
+        elif kind == 2:
+            p = [float(np.nextafter(t, [0.0, 1.0][int(rng.integers(2))])) if rng.random() < 0.3 else t
+                 for t in rng.choice(thresholds, m).tolist()] if m else []
+        else:
+            pool = [*rng.choice(thresholds, 2).tolist(), *rng.uniform(0, 2 * alpha, 2).tolist()] if m else []
+            p = rng.choice(pool, m).tolist() if m else []
+        cases.append((p, alpha))
+    return cases
+
+
+def disagreements(decisions: list[list[bool]], cases: list[tuple[list[float], float]]
+                  ) -> list[tuple[list[float], float]]:
+    """The cases where `decisions` differ from Holm's by its definition."""
+    return [(p, alpha) for (p, alpha), got in zip(cases, decisions, strict=True)
+            if got != holm_by_closed_testing(p, alpha)]
+
+
+@pytest.fixture(scope="module")
+def holm_decisions(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[tuple[list[float], float]], dict]:
+    """Every case (the textbook's, where they differ, the random ones) and the decisions of holm_rejected and of
+    the planted procedures on each, made in the validation environment in one run."""
+    cases = [(p, alpha) for p, alpha, _ in TEXTBOOK] + WHERE_THEY_DIFFER + random_cases(RANDOM_VECTORS)
+    path = Path(tmp_path_factory.mktemp("holm"), "cases.json")
+    path.write_text(json.dumps(cases))  # floats as repr: the same bits there
+    return cases, in_validation(DECIDE.format(path=str(path), planted=PLANTED))
+
+
+def test_holm_rejects_step_down(holm_decisions: tuple[list, dict]) -> None:
+    _, decisions = holm_decisions
+    assert decisions["holm_rejected"][:len(TEXTBOOK)] == [expected for _, _, expected in TEXTBOOK]
+    assert [holm_by_closed_testing(p, alpha) for p, alpha, _ in TEXTBOOK] == [e for _, _, e in TEXTBOOK]
+
+
+def test_holm_is_holm_by_its_definition_on_thousands_of_families(holm_decisions: tuple[list, dict]) -> None:
+    """statsmodels' Holm (holm_rejected) decides as the closed test does on every case, ties and p-values exactly
+    at a threshold among them (p at its threshold is rejected; one ulp above is not)."""
+    cases, decisions = holm_decisions
+    assert disagreements(decisions["holm_rejected"], cases) == []
+    at_threshold = [(p, alpha) for p, alpha in cases
+                    if any(v == alpha / k for v in p for k in range(1, len(p) + 1))]
+    tied = [(p, alpha) for p, alpha in cases if len(set(p)) < len(p)]
+    rejected_at = [(p, alpha) for p, alpha in at_threshold
+                   if any(r and any(v == alpha / k for k in range(1, len(p) + 1))
+                          for v, r in zip(p, holm_by_closed_testing(p, alpha), strict=True))]
+    assert len(cases) > RANDOM_VECTORS and len(at_threshold) > 1000 and len(tied) > 1000, (len(at_threshold), len(tied))
+    assert len(rejected_at) > 100, len(rejected_at)
+
+
+@pytest.mark.parametrize("method", PLANTED)
+def test_the_comparison_fails_a_planted_wrong_procedure(holm_decisions: tuple[list, dict], method: str) -> None:
+    """The same comparison, given Bonferroni's or Hochberg's decisions for holm_rejected's, fails, and on the
+    vector where that procedure and Holm's are known to differ."""
+    cases, decisions = holm_decisions
+    wrong = disagreements(decisions[method], cases)
+    assert WHERE_THEY_DIFFER[PLANTED.index(method)] in wrong
+    assert len(wrong) > 10, len(wrong)
 
 
 def test_a_replicated_models_floor_judges_the_median_and_names_an_outlier() -> None:
@@ -159,16 +291,13 @@ def test_an_interim_test_is_accepted_above_the_futility_boundary_and_fails_at_or
     """A test of the interim look (every framework's run with its first replicates only) enters Holm's family with
     its interim p. The null_interim stage sends any model with a p at most `futility` on to more replicates, so a
     row still holding the interim look's samples with such a p names the stale decision and fails."""
-    ledger = Ledger()
     distance = lambda a, b: abs(a - b)  # noqa: E731
     rng = np.random.default_rng(1)
     alike = pooled_null({fw: list(rng.standard_normal(3)) for fw in ("torch", "tf", "jax")}, distance, "alike")
     apart = pooled_null({"torch": [0.0, 0.1, 0.2], "tf": [5.0, 5.1, 5.2], "jax": [0.05, 0.15, 0.25]}, distance,
                         "apart")
-    for null in (alike, apart):
-        ledger.add_null("cnn", "torch|tf", "test_loss_rel", 0.01, 1e-3, {**null, "look": "interim"}, "runs part")
-    ledger.judge_nulls(0.05, 0.2)
-    accepted, stale = ledger.checks
+    accepted, stale = judged([("cnn", "torch|tf", "test_loss_rel", 0.01, 1e-3, {**null, "look": "interim"},
+                               "runs part") for null in (alike, apart)], 0.05, 0.2)
     assert alike["p_value"] > 0.2 and apart["p_value"] <= 0.2
     assert accepted.passed and "accepted at the interim look" in accepted.detail, accepted.detail
     assert not stale.passed and "null_interim.json is older" in stale.detail, stale.detail
