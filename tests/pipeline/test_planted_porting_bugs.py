@@ -69,7 +69,7 @@ class Bug:
 
 BUGS = [
     Bug("torch-batchnorm-momentum", "torch", "resnet", TORCH_MODELS,
-        "    return 1.0 - batchnorm_momentum\n", "    return batchnorm_momentum\n", names.LOCKSTEP_RUNNING_STATS_REL),
+        "    return 1.0 - momentum\n", "    return momentum\n", names.LOCKSTEP_RUNNING_STATS_REL),
     Bug("torch-running-variance-unbiased", "torch", "resnet", TORCH_MODELS,
         "            self.running_var = corrected_running_var(", "            _ = corrected_running_var(",
         names.LOCKSTEP_RUNNING_STATS_REL),

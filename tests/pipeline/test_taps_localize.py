@@ -84,7 +84,7 @@ TRAINED_PLANTS = [
     # batch's: inference mode and training losses are unchanged (training normalizes by the batch's
     # statistics), only the running statistics are not.
     Plant("torch-resnet-batchnorm-momentum", "torch", "resnet", "packages/torch_impl/src/rosetta_torch/models.py",
-          "    return 1.0 - batchnorm_momentum\n", "    return batchnorm_momentum\n", "stem.bn"),
+          "    return 1.0 - momentum\n", "    return momentum\n", "stem.bn"),
     # torch's bias counted twice: bias_ih and bias_hh both given the canonical bias, both trained (torch's
     # default), so their sum moves twice as fast; the losses part at step 2.
     Plant("torch-lstm-bias-counted-twice", "torch", "lstm", "packages/torch_impl/src/rosetta_torch/weights.py",

@@ -16,9 +16,9 @@ import pytest
 import rosetta_jax
 from rosetta_common.errors import ArtifactError
 from rosetta_common.metrics import inference_mode_problems
-from rosetta_common.spec import ModelConfig, Spec
+from rosetta_common.spec import CONFIG_FILE, ModelConfig, Spec
 from rosetta_common.testing import asymmetric_weights, small_config
-from rosetta_jax.export import CONFIG_FILE, EXPORT_FILE, PARAMS_FILE
+from rosetta_jax.export import EXPORT_FILE, PARAMS_FILE
 
 NATIVE_ABS = Spec().tolerances.native_roundtrip_abs
 IMAGE_SHAPE = (6, 10)  # not square: the export's static dimensions must be (height, width), in that order

@@ -70,7 +70,7 @@ def _statistics_error(seed: int = 7) -> float:
 
 def test_batchnorm_momentum_passed_with_torchs_meaning_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     assert _statistics_error() <= STATISTICS_RTOL
-    monkeypatch.setattr(models, "flax_batchnorm_momentum", lambda momentum: 1.0 - momentum)
+    monkeypatch.setattr(models, "batchnorm_momentum", lambda momentum: 1.0 - momentum)
     assert _statistics_error() > FAR * STATISTICS_RTOL
 
 
@@ -132,6 +132,29 @@ def _layer_norm_case() -> tuple[models.LayerNorm, np.ndarray, np.ndarray]:
     x = (rng.standard_normal((4, 7, 64)) * 3 + 1).astype(np.float32)
     return norm, x, rng.standard_normal((4, 7, 64)).astype(np.float32)
 
+
+@pytest.mark.parametrize(("shape", "epsilon", "seed"), [((4, 7, 64), 1e-5, 0), ((3, 16), 1e-6, 1),
+                                                       ((2, 5, 33), 1e-3, 2), ((1, 1, 8), 1e-5, 3)])
+def test_layer_norm_forward_is_flax_layer_norm_bit_for_bit(shape: tuple[int, ...], epsilon: float, seed: int) -> None:
+    """models.layer_norm's forward, written with public jax ops, against Flax's public nnx.LayerNorm with the
+    spec's two-pass variance: the same bits called eagerly (op by op) and under jax.jit (where XLA fuses both alike;
+    Flax's own eager and jitted results may differ from each other), on rows centred at 0, 3 and 100 (where a
+    one-pass variance or another order of the ops would round otherwise)."""
+    import jax
+
+    rng = np.random.default_rng(seed)
+    features = shape[-1]
+    flax_norm = nnx.LayerNorm(features, epsilon=epsilon, use_fast_variance=False, rngs=nnx.Rngs(0))
+    flax_norm.scale[...] = rng.standard_normal(features).astype(np.float32)
+    flax_norm.bias[...] = rng.standard_normal(features).astype(np.float32)
+    scale, bias = flax_norm.scale[...], flax_norm.bias[...]
+    for offset in (0.0, 3.0, 100.0):
+        x = (rng.standard_normal(shape) * 2 + offset).astype(np.float32)
+        want_eager = np.asarray(flax_norm(x))
+        want_jit = np.asarray(nnx.jit(lambda norm, inputs: norm(inputs))(flax_norm, x))
+        assert np.array_equal(np.asarray(models.layer_norm(x, scale, bias, epsilon)), want_eager), offset
+        jitted = jax.jit(models.layer_norm, static_argnums=3)
+        assert np.array_equal(np.asarray(jitted(x, scale, bias, epsilon)), want_jit), offset
 
 def test_layer_norm_trains_on_flax_forward_bits_with_the_float64_gradient() -> None:
     import jax

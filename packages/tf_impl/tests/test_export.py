@@ -19,9 +19,9 @@ import rosetta_tf
 from rosetta_common.errors import ArtifactError, ExportError
 from rosetta_common.metrics import inference_mode_problems
 from rosetta_common.onnx_conventions import INPUT_NAME, OPSETS, OUTPUT_NAME
-from rosetta_common.spec import ModelConfig, Spec
+from rosetta_common.spec import CONFIG_FILE, ModelConfig, Spec
 from rosetta_common.testing import ARCHS, asymmetric_weights, random_inputs, small_config
-from rosetta_tf.export import CONFIG_FILE, KERAS_FILE, SAVED_MODEL_DIR, load_keras, load_native
+from rosetta_tf.export import KERAS_FILE, SAVED_MODEL_DIR, load_keras, load_native
 
 NON_SQUARE = (6, 10)
 
@@ -191,8 +191,8 @@ def test_an_export_in_training_mode_is_caught(tmp_path: Path) -> None:
 
 
 # The ONNX form of each recurrent layer: tf2onnx rewrites Keras 3's LSTM loop to one LSTM op; it has no pattern for
-# Keras 3's GRU cell, which models.gru therefore unrolls into plain ops (a rolled one became a Loop whose bytes
-# changed from one process to the next). BatchNorm folds into the convolutions.
+# Keras 3's GRU cell, which models.GRUClassifier therefore unrolls into plain ops (a rolled one became a Loop whose
+# bytes changed from one process to the next). BatchNorm folds into the convolutions.
 ONNX_FORM = {"lstm": ({"LSTM"}, {"Loop", "Scan"}), "gru": ({"MatMul", "Sigmoid", "Tanh"}, {"Loop", "Scan", "GRU"}),
              "resnet": ({"Conv", "GlobalAveragePool"}, {"BatchNormalization", "Dropout", "RandomUniform"})}
 

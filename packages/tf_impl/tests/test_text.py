@@ -1,4 +1,4 @@
-"""What only the Keras text model needs: each convention of models.text_transformer and weights.py, planted
+"""What only the Keras text model needs: each convention of models.TextTransformer and weights.py, planted
 wrong, misses the float64 reference by far more than its tolerance and is localized by the taps where it enters
 (the attention_mask polarity, the query side masked too, Keras' default LayerNormalization epsilon, padding in the
 pool, the per-head kernel split); the embedding's pad row never trains although Keras has no padding row; one graph

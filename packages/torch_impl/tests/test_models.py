@@ -61,7 +61,7 @@ def test_running_statistics_follow_the_spec() -> None:
 def test_momentum_passed_unconverted_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """torch's momentum is the new batch's weight: the spec's 0.9 passed as it is keeps 10% of the old average."""
     config, weights, images, mask = _setup()
-    monkeypatch.setattr(torch_models, "torch_momentum", lambda momentum: momentum)
+    monkeypatch.setattr(torch_models, "batchnorm_momentum", lambda momentum: momentum)
     assert _statistics_error(config, weights, images, mask) > PLANTED_FACTOR * STATISTICS_RTOL
 
 

@@ -51,9 +51,9 @@ def read_images(path: Path) -> np.ndarray:
 
 def load_model(run: Path) -> Any:
     """The run's model in inference mode, from its trained weights (what train_export exported natively)."""
-    from rosetta_common.spec import ModelConfig
+    from rosetta_common.spec import CONFIG_FILE, ModelConfig
     from rosetta_common.weights import load_weights
-    from rosetta_jax.export import CONFIG_FILE, inference_view
+    from rosetta_jax.export import inference_view
     from rosetta_jax.models import build
 
     config_path, weights = run / "native" / CONFIG_FILE, run / "trained.safetensors"

@@ -150,6 +150,11 @@ class ModelConfig(_Section):
                    settings=getattr(spec.architecture, arch))
 
 
+# The file beside a native export that holds its ModelConfig as JSON, in the packages whose export keeps it in a file
+# of its own (rosetta_tf's, rosetta_jax's; rosetta_torch's is in its state file's metadata).
+CONFIG_FILE = "config.json"
+
+
 # A learning rate is one number for every architecture, or one per architecture ({mlp: 3e-3, ...}):
 # a Transformer with embed 512 wants a smaller step than a small MLP. Spec.for_model resolves it.
 LearningRate = PositiveFloat | dict[Architecture, PositiveFloat]

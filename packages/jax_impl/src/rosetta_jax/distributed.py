@@ -111,11 +111,6 @@ def start_worker(cluster: Cluster) -> None:
                                f"{jax.process_count()}, expected {cluster.rank} of {cluster.world}")
 
 
-def stop_worker() -> None:
-    """Leave JAX's engine: the processes meet at a shutdown barrier, then the coordinator stops (rank 0)."""
-    jax.distributed.shutdown()
-
-
 def _mesh(cluster: Cluster) -> Mesh:
     """One "data" axis over every process's devices in process order, so that process r's rows of a global
     batch are rows [r B/N, (r+1) B/N) (Cluster.rows) and each process supplies exactly its own."""
@@ -178,3 +173,8 @@ def train_data_parallel(config: ModelConfig, weights: Weights, plan: TrainPlan, 
                                                  workers=cluster.world, engine=engine)
     nnx.update(model, _local(params), _local(statistics))
     return model, result
+
+
+def stop_worker() -> None:
+    """Leave JAX's engine: the processes meet at a shutdown barrier, then the coordinator stops (rank 0)."""
+    jax.distributed.shutdown()

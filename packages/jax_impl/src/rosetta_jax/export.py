@@ -33,11 +33,10 @@ from rosetta_common.errors import ArtifactError, ExportError, WeightsError, one_
 from rosetta_common.interface import Predict
 from rosetta_common.io import atomic_path, write_bytes, write_text
 from rosetta_common.onnx_conventions import BATCH_DIM, LENGTH_DIM, OPSETS, OUTPUT_NAME, conform
-from rosetta_common.spec import ModelConfig
+from rosetta_common.spec import CONFIG_FILE, ModelConfig
 from rosetta_jax.models import Model, build, jax_ids, predict
 from rosetta_jax.weights import VARIABLES, from_native
 
-CONFIG_FILE = "config.json"
 PARAMS_FILE = "params.msgpack"
 EXPORT_FILE = "forward.jax_export"
 

@@ -7,7 +7,7 @@ NNX (Flax 0.12's recommended API, not Linen) keeps attribute paths that are, nea
 (`self.block.attn.query.kernel` is "block.attn.query.kernel"), so weights.py maps them by name. Where Flax's
 defaults do not follow the spec (LayerNorm's epsilon and variance, GELU's approximation, BatchNorm's variance, the
 GRU's missing recurrent bias), the spec's convention is set where the layer is made, and the code that sets it says
-how (LayerNorm, MLPBlock, batchnorm, GRUCell; the text model's masks at TextTransformer).
+how (LayerNorm, FeedForward, batchnorm, GRUCell; the text model's masks at TextTransformer).
 
 What differs between the frameworks, and how each package reconciles it: docs/conventions.md.
 """
@@ -22,7 +22,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from flax.nnx.nn import normalization as nnx_normalization
 
 from rosetta_common.inputs import PAD_ID
 from rosetta_common.registry import not_built
@@ -89,17 +88,21 @@ class SelfAttention(nnx.Module):
 
 @partial(jax.custom_vjp, nondiff_argnums=(3,))
 def layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array, epsilon: float) -> jax.Array:
-    """nnx.LayerNorm(use_fast_variance=False)'s forward over the last axis, by Flax's own functions (the same
-    bits), with the closed-form gradient below."""
+    """nnx.LayerNorm(use_fast_variance=False)'s forward over the last axis, the same bits (tests/test_models.py
+    compares them), with the closed-form gradient below."""
     return _layer_norm_forward(x, scale, bias, epsilon)[0]
 
 
 def _layer_norm_forward(x: jax.Array, scale: jax.Array, bias: jax.Array, epsilon: float
                         ) -> tuple[jax.Array, tuple[jax.Array, jax.Array, jax.Array]]:
-    mean, var = nnx_normalization._compute_stats(x, (-1,), None, use_fast_variance=False)
-    y = nnx_normalization._normalize(x, mean, var, scale, bias, (-1,), (-1,), None, epsilon)
-    rstd = jax.lax.rsqrt(var + epsilon)[..., None]
-    return y, ((x - mean[..., None]) * rstd, rstd, scale)
+    """The forward and what the backward needs (x_hat, rstd, scale). The ops of Flax's float32 LayerNorm with
+    use_fast_variance=False, in its order: the mean, then the mean of the squared deviations (two passes, the
+    biased variance), then (x - mean) * (rsqrt(var + eps) * scale) + bias."""
+    mean = jnp.mean(x, axis=-1)[..., None]
+    var = jnp.mean(jax.lax.square(x - mean), axis=-1)[..., None]
+    rstd = jax.lax.rsqrt(var + epsilon)
+    y = (x - mean) * (rstd * scale) + bias
+    return y, ((x - mean) * rstd, rstd, scale)
 
 
 def _layer_norm_backward(epsilon: float, saved: tuple[jax.Array, jax.Array, jax.Array], grad: jax.Array
@@ -149,7 +152,7 @@ class LayerNorm(nnx.LayerNorm):
 
 
 # nnx.gelu's default is the tanh approximation; the spec's GELU is exact (erf), so approximate=False.
-class MLPBlock(nnx.Module):
+class FeedForward(nnx.Module):
     def __init__(self, embed_dim: int, mlp_dim: int, *, rngs: nnx.Rngs) -> None:
         self.fc1 = nnx.Linear(embed_dim, mlp_dim, rngs=rngs)
         self.fc2 = nnx.Linear(mlp_dim, embed_dim, rngs=rngs)
@@ -165,7 +168,7 @@ class EncoderBlock(nnx.Module):
         self.norm1 = LayerNorm(embed_dim, epsilon=eps, rngs=rngs)
         self.attn = SelfAttention(embed_dim, num_heads, rngs=rngs)
         self.norm2 = LayerNorm(embed_dim, epsilon=eps, rngs=rngs)
-        self.mlp = MLPBlock(embed_dim, mlp_dim, rngs=rngs)
+        self.mlp = FeedForward(embed_dim, mlp_dim, rngs=rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         x = x + self.attn(self.norm1(x))
@@ -191,8 +194,8 @@ class AttentionClassifier(nnx.Module):
 
 # Flax's nnx.BatchNorm momentum is the weight of the old running average, the spec's meaning: unchanged.
 # A function (not an inline number) so that the package's tests can plant torch's meaning (1 - m) here.
-def flax_batchnorm_momentum(spec_momentum: float) -> float:
-    return spec_momentum
+def batchnorm_momentum(momentum: float) -> float:
+    return momentum
 
 
 # Flax's padding="SAME" is lax.padtype_to_pads's, TensorFlow's: the spec's (rosetta_common.reference.same_padding).
@@ -206,13 +209,13 @@ def conv(in_channels: int, out_channels: int, kernel: int, stride: int, *, rngs:
 
 # nnx.BatchNorm's defaults are momentum 0.99 and a one-pass "fast" variance. Its momentum means what the spec's does
 # (the old average's weight: running = m * running + (1 - m) * batch), so the spec's number is passed unchanged
-# (flax_batchnorm_momentum; torch's argument would be 1 - m). Epsilon comes from the spec (Flax's default 1e-5 is the
+# (batchnorm_momentum; torch's argument would be 1 - m). Epsilon comes from the spec (Flax's default 1e-5 is the
 # spec's default, not necessarily its value); use_fast_variance=False gives the two-pass biased variance, which both
 # normalizes the batch and enters the running variance (the spec's convention: Flax, unlike torch, never averages
 # the unbiased one). use_running_average=True: every model is in inference mode unless a training view is asked
 # for (training_view).
 def batchnorm(channels: int, momentum: float, epsilon: float, *, rngs: nnx.Rngs) -> nnx.BatchNorm:
-    return nnx.BatchNorm(channels, use_running_average=True, momentum=flax_batchnorm_momentum(momentum),
+    return nnx.BatchNorm(channels, use_running_average=True, momentum=batchnorm_momentum(momentum),
                          epsilon=epsilon, use_fast_variance=False, rngs=rngs)
 
 
@@ -344,7 +347,7 @@ class TextEncoderBlock(nnx.Module):
         self.attn = nnx.MultiHeadAttention(num_heads, embed_dim, qkv_features=embed_dim, out_features=embed_dim,
                                            use_bias=True, decode=False, deterministic=True, rngs=rngs)
         self.norm2 = LayerNorm(embed_dim, epsilon=eps, rngs=rngs)
-        self.mlp = MLPBlock(embed_dim, mlp_dim, rngs=rngs)
+        self.mlp = FeedForward(embed_dim, mlp_dim, rngs=rngs)
 
     def __call__(self, x: jax.Array, mask: jax.Array, sow_weights: bool = False) -> jax.Array:
         # sow_weights (the taps only) sows the softmax into nnx.Intermediate (nnx.capture reads it).

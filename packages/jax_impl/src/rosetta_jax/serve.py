@@ -17,8 +17,8 @@ from pathlib import Path
 from rosetta_common import serving
 from rosetta_common.interface import Predict
 from rosetta_common.serving import server
-from rosetta_common.spec import ModelConfig
-from rosetta_jax.export import CONFIG_FILE, EXPORT_FILE, load_native
+from rosetta_common.spec import CONFIG_FILE, ModelConfig
+from rosetta_jax.export import EXPORT_FILE, load_native
 from rosetta_jax.models import build, predict
 from rosetta_jax.train import configure
 

@@ -18,10 +18,10 @@ from rosetta_common.errors import ArtifactError, ExportError, one_line
 from rosetta_common.interface import Predict
 from rosetta_common.io import atomic_path, write_json
 from rosetta_common.onnx_conventions import OPSETS, OUTPUT_NAME, canonical_names, conform
-from rosetta_common.spec import ModelConfig
+from rosetta_common.spec import CONFIG_FILE, ModelConfig
 from rosetta_tf.models import attach_config, image_spec, model_config, model_input, predict, tokens_spec
 
-KERAS_FILE, SAVED_MODEL_DIR, CONFIG_FILE = "model.keras", "saved_model", "config.json"
+KERAS_FILE, SAVED_MODEL_DIR = "model.keras", "saved_model"
 
 
 def export_native(model: keras.Model, out_dir: Path, example: np.ndarray) -> list[Path]:

@@ -9,6 +9,10 @@ names one to one. Where Keras does not follow the spec (BatchNormalization's red
 text model's masks), the spec's convention is set where the layer is made. Each model carries the ModelConfig it
 was built from (`model_config`), which export.py stores beside model.keras.
 
+Each model is a function returning its functional model, named as rosetta_torch's and rosetta_jax's model classes
+are (Keras' own convention: keras.applications.ResNet50 is a function too); a block the others make a module of
+(FeedForward, ConvBN, ResidualBlock, TextEncoderBlock) is a function from its input tensor to its output.
+
 What differs between the frameworks, and how each package reconciles it: docs/conventions.md.
 """
 
@@ -41,6 +45,31 @@ from rosetta_common.weights import Weights, is_frozen
 from rosetta_tf import weights as _weights
 
 PACKAGE = "rosetta_tf"  # registration namespace: load_model(safe_mode=True) finds our layers by it
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class AddChannel(layers.Layer):
+    """(B, H, W) -> (B, H, W, 1); a named layer instead of a Lambda, which safe_mode refuses to load."""
+
+    def call(self, x: Any) -> Any:
+        return ops.expand_dims(x, -1)
+
+
+def MLP(settings: MLPSpec, image_shape: tuple[int, int], num_classes: int) -> keras.Model:
+    inputs = keras.Input(shape=image_shape, name="images")
+    x = layers.Flatten(name="flatten")(inputs)  # row-major, as the reference's reshape
+    x = layers.Dense(settings.hidden, activation="relu", name="hidden")(x)
+    return keras.Model(inputs, layers.Dense(num_classes, name="head")(x), name="mlp")
+
+
+def CNN(settings: CNNSpec, image_shape: tuple[int, int], num_classes: int) -> keras.Model:
+    inputs = keras.Input(shape=image_shape, name="images")
+    x = AddChannel(name="add_channel")(inputs)
+    x = layers.Conv2D(settings.conv1_filters, 3, padding="same", activation="relu", name="conv1")(x)
+    x = layers.MaxPooling2D(pool_size=2, strides=2, name="pool")(x)  # "valid": floor, as the reference
+    x = layers.Conv2D(settings.conv2_filters, 3, padding="same", activation="relu", name="conv2")(x)
+    x = layers.Flatten(name="flatten")(x)  # NHWC -> (h, w, c) order, the canonical one
+    return keras.Model(inputs, layers.Dense(num_classes, name="head")(x), name="cnn")
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
@@ -106,6 +135,22 @@ def gelu_exact(x: Any) -> Any:
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
+class ExactGelu(layers.Layer):
+    """gelu_exact as a layer (its output is the block.mlp.gelu tap)."""
+
+    def call(self, x: Any) -> Any:
+        return gelu_exact(x)
+
+
+def FeedForward(x: Any, embed_dim: int, mlp_dim: int, name: str) -> Any:
+    """The text block's MLP on `x`: Dense to mlp_dim, exact GELU (ExactGelu), Dense back to embed_dim, its layers
+    `<name>_fc1`, `<name>_gelu`, `<name>_fc2`. (The image model's EncoderBlock, one layer, holds its fc1 and fc2
+    itself.)"""
+    h = layers.Dense(mlp_dim, name=f"{name}_fc1")(x)
+    return layers.Dense(embed_dim, name=f"{name}_fc2")(ExactGelu(name=f"{name}_gelu")(h))
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
 class EncoderBlock(layers.Layer):
     """One pre-norm Transformer encoder block: x + Attn(LN1(x)), then h + fc2(GELU(fc1(LN2(h))))."""
 
@@ -137,32 +182,7 @@ class EncoderBlock(layers.Layer):
                 "mlp_dim": self.mlp_dim, "layer_norm_eps": self.layer_norm_eps}
 
 
-@keras.saving.register_keras_serializable(package=PACKAGE)
-class AddChannel(layers.Layer):
-    """(B, H, W) -> (B, H, W, 1); a named layer instead of a Lambda, which safe_mode refuses to load."""
-
-    def call(self, x: Any) -> Any:
-        return ops.expand_dims(x, -1)
-
-
-def mlp(settings: MLPSpec, image_shape: tuple[int, int], num_classes: int) -> keras.Model:
-    inputs = keras.Input(shape=image_shape, name="images")
-    x = layers.Flatten(name="flatten")(inputs)  # row-major, as the reference's reshape
-    x = layers.Dense(settings.hidden, activation="relu", name="hidden")(x)
-    return keras.Model(inputs, layers.Dense(num_classes, name="head")(x), name="mlp")
-
-
-def cnn(settings: CNNSpec, image_shape: tuple[int, int], num_classes: int) -> keras.Model:
-    inputs = keras.Input(shape=image_shape, name="images")
-    x = AddChannel(name="add_channel")(inputs)
-    x = layers.Conv2D(settings.conv1_filters, 3, padding="same", activation="relu", name="conv1")(x)
-    x = layers.MaxPooling2D(pool_size=2, strides=2, name="pool")(x)  # "valid": floor, as the reference
-    x = layers.Conv2D(settings.conv2_filters, 3, padding="same", activation="relu", name="conv2")(x)
-    x = layers.Flatten(name="flatten")(x)  # NHWC -> (h, w, c) order, the canonical one
-    return keras.Model(inputs, layers.Dense(num_classes, name="head")(x), name="cnn")
-
-
-def attention(settings: AttentionSpec, image_shape: tuple[int, int], num_classes: int) -> keras.Model:
+def AttentionClassifier(settings: AttentionSpec, image_shape: tuple[int, int], num_classes: int) -> keras.Model:
     a = settings
     inputs = keras.Input(shape=image_shape, name="images")  # each image row is one token
     x = layers.Dense(a.embed_dim, name="embed")(inputs)
@@ -171,6 +191,12 @@ def attention(settings: AttentionSpec, image_shape: tuple[int, int], num_classes
     x = layers.LayerNormalization(epsilon=a.layer_norm_eps, name="final_norm")(x)
     x = layers.GlobalAveragePooling1D(name="mean_tokens")(x)
     return keras.Model(inputs, layers.Dense(num_classes, name="head")(x), name="attention")
+
+
+# Keras' BatchNormalization momentum is the weight of the old running average, the spec's meaning: unchanged.
+# A function (not an inline number) so that the package's tests can plant torch's meaning (1 - m) here.
+def batchnorm_momentum(momentum: float) -> float:
+    return momentum
 
 
 def conv(filters: int, size: int, stride: int, name: str) -> layers.Conv2D:
@@ -242,25 +268,38 @@ class BatchNormalization(layers.BatchNormalization):
 
 def batchnorm(settings: ResNetSpec, name: str) -> layers.BatchNormalization:
     """BatchNormalization (above) has the spec's convention as it stands, so both numbers pass unchanged:
-    `momentum` is the weight of the old running value (running = m * running + (1 - m) * batch; torch's
-    `momentum` is 1 - m), and the running variance averages the biased batch variance, the one that normalizes.
-    Only epsilon's default differs (Keras 1e-3): the spec's is always passed."""
-    return BatchNormalization(momentum=settings.batchnorm_momentum, epsilon=settings.batchnorm_epsilon, name=name)
+    `momentum` (batchnorm_momentum) is the weight of the old running value (running = m * running + (1 - m) *
+    batch; torch's `momentum` is 1 - m), and the running variance averages the biased batch variance, the one that
+    normalizes. Only epsilon's default differs (Keras 1e-3): the spec's is always passed."""
+    return BatchNormalization(momentum=batchnorm_momentum(settings.batchnorm_momentum),
+                              epsilon=settings.batchnorm_epsilon, name=name)
+
+
+def ConvBN(x: Any, settings: ResNetSpec, filters: int, kernel: int, stride: int, name: str) -> Any:
+    """A convolution and its BatchNorm on `x`, the layers `<name>_conv` and `<name>_bn` (the canonical names
+    `<name>.conv` and `<name>.bn`)."""
+    return batchnorm(settings, f"{name}_bn")(conv(filters, kernel, stride, f"{name}_conv")(x))
+
+
+def ResidualBlock(x: Any, settings: ResNetSpec, filters: int, name: str) -> Any:
+    """conv3x3 stride 2 + BN + ReLU, conv3x3 + BN; shortcut conv1x1 stride 2 + BN; add; ReLU, on `x`, its layers
+    named after the canonical `<name>.conv1`, `<name>.bn1`, ... (`<name>_conv1`, ...)."""
+    shortcut = ConvBN(x, settings, filters, 1, 2, f"{name}_shortcut")
+    y = layers.ReLU(name=f"{name}_relu1")(batchnorm(settings, f"{name}_bn1")(conv(filters, 3, 2, f"{name}_conv1")(x)))
+    y = batchnorm(settings, f"{name}_bn2")(conv(filters, 3, 1, f"{name}_conv2")(y))
+    return layers.ReLU(name=f"{name}_relu")(layers.Add(name=f"{name}_add")([y, shortcut]))
 
 
 POOLED = "pool"  # the layer whose output (the pooled features) dropout acts on
 DROPOUT = "dropout"
 
 
-def resnet(settings: ResNetSpec, image_shape: tuple[int, int], num_classes: int) -> keras.Model:
+def ResNet(settings: ResNetSpec, image_shape: tuple[int, int], num_classes: int) -> keras.Model:
     s = settings
     inputs = keras.Input(shape=image_shape, name="images")
     x = AddChannel(name="add_channel")(inputs)
-    x = layers.ReLU(name="stem_relu")(batchnorm(s, "stem_bn")(conv(s.stem_filters, 3, 1, "stem_conv")(x)))
-    shortcut = batchnorm(s, "block_shortcut_bn")(conv(s.block_filters, 1, 2, "block_shortcut_conv")(x))
-    y = layers.ReLU(name="block_relu1")(batchnorm(s, "block_bn1")(conv(s.block_filters, 3, 2, "block_conv1")(x)))
-    y = batchnorm(s, "block_bn2")(conv(s.block_filters, 3, 1, "block_conv2")(y))
-    y = layers.ReLU(name="block_relu")(layers.Add(name="block_add")([y, shortcut]))
+    x = layers.ReLU(name="stem_relu")(ConvBN(x, s, s.stem_filters, 3, 1, "stem"))
+    y = ResidualBlock(x, s, s.block_filters, "block")
     pooled = layers.GlobalAveragePooling2D(name=POOLED)(y)
     # Keras' Dropout, identity whenever training is off (predict, every export). Training never runs it: the
     # training model (training_view below) multiplies the pooled features by common's mask instead. The seed
@@ -270,7 +309,7 @@ def resnet(settings: ResNetSpec, image_shape: tuple[int, int], num_classes: int)
     return keras.Model(inputs, layers.Dense(num_classes, name="head")(x), name="resnet")
 
 
-def lstm(settings: LSTMSpec, image_shape: tuple[int, int], num_classes: int) -> keras.Model:
+def LSTMClassifier(settings: LSTMSpec, image_shape: tuple[int, int], num_classes: int) -> keras.Model:
     inputs = keras.Input(shape=image_shape, name="images")  # each image row is one time step
     # Keras' cell computes the reference's formula: z = x W + h U + b, gates i, f, c, o, sigmoid on i, f, o (the
     # default recurrent_activation, passed explicitly because it matters), tanh on c and on the new cell state.
@@ -281,7 +320,7 @@ def lstm(settings: LSTMSpec, image_shape: tuple[int, int], num_classes: int) -> 
     return keras.Model(inputs, layers.Dense(num_classes, name="head")(x), name="lstm")
 
 
-def gru(settings: GRUSpec, image_shape: tuple[int, int], num_classes: int) -> keras.Model:
+def GRUClassifier(settings: GRUSpec, image_shape: tuple[int, int], num_classes: int) -> keras.Model:
     inputs = keras.Input(shape=image_shape, name="images")  # each image row is one time step
     # reset_after=True is torch's (and the canonical) formula: the reset gate multiplies h U_h + b_hh, so the
     # recurrent bias sits inside it; Keras keeps both biases in one (2, 3h) variable (weights.py).
@@ -360,14 +399,6 @@ class PositionTable(layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
-class ExactGelu(layers.Layer):
-    """gelu_exact as a layer (its output is the block.mlp.gelu tap)."""
-
-    def call(self, x: Any) -> Any:
-        return gelu_exact(x)
-
-
-@keras.saving.register_keras_serializable(package=PACKAGE)
 class MaskedMean(layers.Layer):
     """(features (B, T, E), padding mask (B, T)) -> masked_mean: the mean over the real tokens."""
 
@@ -378,8 +409,21 @@ class MaskedMean(layers.Layer):
 TEXT_POOL = "pool"  # the text model's pooling layer (its output is the `pool` tap, the head's input)
 
 
-def text_transformer(settings: TextTransformerSpec, vocab_size: int, max_length: int,
-                     num_classes: int) -> keras.Model:
+def TextEncoderBlock(x: Any, mask: Any, settings: TextTransformerSpec, name: str) -> Any:
+    """The text model's pre-norm encoder block on `x` (B, T, E) with padding_mask's `mask` (B, T): Keras'
+    MultiHeadAttention between LayerNormalizations, the padded keys masked (AttentionMask), then FeedForward, its
+    layers named after the canonical `<name>.norm1`, `<name>.attn`, ... (`<name>_norm1`, ...)."""
+    s = settings
+    n = text_layer_norm(s, f"{name}_norm1")(x)
+    attn = layers.MultiHeadAttention(s.num_heads, key_dim=s.head_dim, use_bias=True, name=f"{name}_attn")
+    a = attn(n, n, attention_mask=AttentionMask(name="attention_mask")(mask))
+    h = layers.Add(name=f"{name}_attn_residual")([x, a])
+    f = FeedForward(text_layer_norm(s, f"{name}_norm2")(h), s.embed_dim, s.mlp_dim, f"{name}_mlp")
+    return layers.Add(name=f"{name}_mlp_residual")([h, f])
+
+
+def TextTransformer(settings: TextTransformerSpec, vocab_size: int, max_length: int,
+                    num_classes: int) -> keras.Model:
     """Token ids (B, T) int64, 1 <= T <= max_length, PAD_ID padding -> logits. Keras' own layers throughout:
     - Embedding(vocab_size, embed_dim) without mask_zero: the mask is explicit (PaddingMask), never Keras' implicit
       one, which MultiHeadAttention would apply to the queries as well (masking padded query rows completely) and
@@ -387,26 +431,22 @@ def text_transformer(settings: TextTransformerSpec, vocab_size: int, max_length:
       like any value; it never reaches the logits, so it gets no gradient);
     - MultiHeadAttention(num_heads, key_dim=head_dim, use_bias=True) called with attention_mask (B, 1, T), True =
       attend. Its per-head kernels are the canonical ones reshaped (weights.py);
-    - LayerNormalization with the spec's epsilon, Dense, exact GELU, and the mean over real tokens (MaskedMean).
+    - LayerNormalization with the spec's epsilon, Dense, exact GELU (TextEncoderBlock, FeedForward), and the mean
+      over real tokens (MaskedMean).
     Layer names are the canonical prefixes (dots as underscores), so weights.py and taps.py map names one to one."""
     s = settings
     tokens = keras.Input(shape=(None,), dtype="int64", name=TOKENS_NAME)
     mask = PaddingMask(name="padding_mask")(tokens)
     embedded = layers.Embedding(vocab_size, s.embed_dim, mask_zero=False, name="embed")(tokens)
     h = PositionTable(max_length, name="pos_embedding")(embedded)
-    n = text_layer_norm(s, "block_norm1")(h)
-    attn = layers.MultiHeadAttention(s.num_heads, key_dim=s.head_dim, use_bias=True, name="block_attn")
-    a = attn(n, n, attention_mask=AttentionMask(name="attention_mask")(mask))
-    h = layers.Add(name="block_attn_residual")([h, a])
-    f = layers.Dense(s.mlp_dim, name="block_mlp_fc1")(text_layer_norm(s, "block_norm2")(h))
-    f = layers.Dense(s.embed_dim, name="block_mlp_fc2")(ExactGelu(name="block_mlp_gelu")(f))
-    h = layers.Add(name="block_mlp_residual")([h, f])
+    h = TextEncoderBlock(h, mask, s, "block")
     z = text_layer_norm(s, "final_norm")(h)
     pooled = MaskedMean(name=TEXT_POOL)(z, mask)
     return keras.Model(tokens, layers.Dense(num_classes, name="head")(pooled), name="text_transformer")
 
 
-BUILDERS = {"mlp": mlp, "cnn": cnn, "attention": attention, "resnet": resnet, "lstm": lstm, "gru": gru}
+BUILDERS = {"mlp": MLP, "cnn": CNN, "attention": AttentionClassifier, "resnet": ResNet, "lstm": LSTMClassifier,
+            "gru": GRUClassifier}
 CONFIG_ATTR = _weights.CONFIG_ATTR  # the attribute a model keeps its ModelConfig under
 
 
@@ -430,7 +470,7 @@ def freeze(model: keras.Model) -> keras.Model:
 def create(config: ModelConfig) -> keras.Model:
     """The Keras model of `config`, with Keras' initial weights (build() replaces them)."""
     if config.input.kind == "tokens":
-        model = text_transformer(config.settings, int(config.vocab_size), int(config.max_length), config.num_classes)
+        model = TextTransformer(config.settings, int(config.vocab_size), int(config.max_length), config.num_classes)
         return freeze(attach_config(model, config))
     builder = BUILDERS.get(config.arch)
     if builder is None:
@@ -552,6 +592,14 @@ def check_dropout_mask(config: ModelConfig, dropout_mask: np.ndarray | None, bat
 _TRAIN_FORWARDS: weakref.WeakKeyDictionary[keras.Model, Any] = weakref.WeakKeyDictionary()
 
 
+def forward_logits(model: keras.Model, inputs: Any, dropout_mask: Any) -> Any:
+    """The training-mode forward (training=True) of `model`, a training_view, with the step's dropout mask for a
+    model that has dropout (the ResNet: its training view takes it as a second input)."""
+    if dropout_mask is None:
+        return model(inputs, training=True)
+    return model({INPUT_NAME: inputs, MASK_INPUT: dropout_mask}, training=True)
+
+
 def forward_train(model: keras.Model, images: np.ndarray, dropout_mask: np.ndarray | None) -> np.ndarray:
     """One training-mode forward as fit's step runs it (a graph, training=True), without a gradient: BatchNorm
     normalizes with the batch's statistics and moves its running statistics in place; `dropout_mask` (batch,
@@ -569,13 +617,12 @@ def forward_train(model: keras.Model, images: np.ndarray, dropout_mask: np.ndarr
     if model not in _TRAIN_FORWARDS:
         trainer = training_view(model)
         if mask is None:
-            _TRAIN_FORWARDS[model] = tf.function(lambda x: trainer(x, training=True),
+            _TRAIN_FORWARDS[model] = tf.function(lambda x: forward_logits(trainer, x, None),
                                                  input_signature=[input_spec(model)])
         else:
             mask_spec = tf.TensorSpec([None, features], tf.float32, name=MASK_INPUT)
-            _TRAIN_FORWARDS[model] = tf.function(
-                lambda x, m: trainer({INPUT_NAME: x, MASK_INPUT: m}, training=True),
-                input_signature=[image_spec(model), mask_spec])
+            _TRAIN_FORWARDS[model] = tf.function(lambda x, m: forward_logits(trainer, x, m),
+                                                 input_signature=[image_spec(model), mask_spec])
     run = _TRAIN_FORWARDS[model]
     logits = run(x) if mask is None else run(x, tf.constant(mask))
     return np.asarray(logits, dtype=np.float32)

@@ -18,8 +18,8 @@ from pathlib import Path
 from rosetta_common import serving
 from rosetta_common.interface import Predict
 from rosetta_common.serving import server
-from rosetta_common.spec import ModelConfig
-from rosetta_tf.export import CONFIG_FILE, SAVED_MODEL_DIR, load_native
+from rosetta_common.spec import CONFIG_FILE, ModelConfig
+from rosetta_tf.export import SAVED_MODEL_DIR, load_native
 from rosetta_tf.models import build, predict
 from rosetta_tf.train import configure
 

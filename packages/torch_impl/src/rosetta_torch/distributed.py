@@ -34,7 +34,7 @@ from rosetta_common.spec import ModelConfig
 from rosetta_common.training import TrainPlan
 from rosetta_common.weights import Weights
 from rosetta_torch.models import build, default_device, model_device
-from rosetta_torch.train import run_epochs
+from rosetta_torch.train import train_module
 
 PROBE_INTERVAL = 0.2  # seconds between two attempts to reach a coordinator that is not listening yet
 ENGINE_FAILURE = re.compile(r"gloo|nccl", re.IGNORECASE)  # a collective's RuntimeError names its library
@@ -129,9 +129,9 @@ def train_data_parallel(config: ModelConfig, weights: Weights, plan: TrainPlan, 
 
     # train.py's loop, on this worker's rows; the optimizer over the module's own parameters.
     with _engine_errors(where):
-        result = run_epochs(model, ddp, plan, data, desc=f"torch {plan.arch} x{cluster.world}", rows=rows,
-                            epoch_losses_of=global_losses, show=cluster.is_chief, workers=cluster.world,
-                            engine=f"torch.distributed {dist.get_backend()} DDP")
+        result = train_module(model, ddp, plan, data, desc=f"torch {plan.arch} x{cluster.world}", rows=rows,
+                              epoch_losses_of=global_losses, show=cluster.is_chief, workers=cluster.world,
+                              engine=f"torch.distributed {dist.get_backend()} DDP")
     return model, result
 
 

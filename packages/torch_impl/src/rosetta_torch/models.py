@@ -7,7 +7,7 @@ torch as people use it. Attribute names mirror the canonical weight names (`bloc
 `head`, ...), so weights.py maps the state dict by name and holds every layout change in one place. Where torch's
 layers do not follow the spec (BatchNorm's momentum and running variance, "same" padding at stride 2, dropout's
 generator, the attention mask's polarity, the padding row), the spec's convention is set where the layer is made,
-and the code that sets it says how (torch_momentum, BatchNorm2d, same_pad, ResNet.forward, attention_mask).
+and the code that sets it says how (batchnorm_momentum, BatchNorm2d, same_pad, ResNet.forward, attention_mask).
 
 What differs between the frameworks, and how each package reconciles it: docs/conventions.md.
 """
@@ -137,9 +137,9 @@ class AttentionClassifier(nn.Module):
         return self.head(x.mean(dim=1))
 
 
-def torch_momentum(batchnorm_momentum: float) -> float:
+def batchnorm_momentum(momentum: float) -> float:
     """torch's BatchNorm `momentum` (the new batch's weight) for the spec's (the old average's weight)."""
-    return 1.0 - batchnorm_momentum
+    return 1.0 - momentum
 
 
 def corrected_running_var(running_var: torch.Tensor, previous: torch.Tensor, momentum: float, n: int) -> torch.Tensor:
@@ -183,6 +183,17 @@ def conv_out(size: tuple[int, int], stride: int) -> tuple[int, int]:
     return -(-size[0] // stride), -(-size[1] // stride)
 
 
+def conv(in_channels: int, out_channels: int, kernel: int, stride: int) -> nn.Conv2d:
+    """A bias-free convolution (a BatchNorm follows every one), unpadded: the same_pad before it gives it
+    TensorFlow's "same" padding, the spec's."""
+    return nn.Conv2d(in_channels, out_channels, kernel, stride=stride, bias=False)
+
+
+def batchnorm(channels: int, momentum: float, eps: float) -> BatchNorm2d:
+    """BatchNorm2d (above) with the spec's momentum converted to torch's (batchnorm_momentum) and its epsilon."""
+    return BatchNorm2d(channels, eps=eps, momentum=batchnorm_momentum(momentum))
+
+
 class ConvBN(nn.Module):
     """ZeroPad2d ("same"), Conv2d without bias, BatchNorm2d: `conv` and `bn` as the canonical names have them."""
 
@@ -190,8 +201,8 @@ class ConvBN(nn.Module):
                  momentum: float, eps: float) -> None:
         super().__init__()
         self.pad = same_pad(size, kernel, stride)
-        self.conv = nn.Conv2d(in_channels, out_channels, kernel, stride=stride, bias=False)
-        self.bn = BatchNorm2d(out_channels, eps=eps, momentum=torch_momentum(momentum))
+        self.conv = conv(in_channels, out_channels, kernel, stride)
+        self.bn = batchnorm(out_channels, momentum, eps)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.bn(self.conv(self.pad(x)))
@@ -207,11 +218,11 @@ class ResidualBlock(nn.Module):
         super().__init__()
         half = conv_out(size, 2)
         self.pad1 = same_pad(size, 3, 2)
-        self.conv1 = nn.Conv2d(in_channels, filters, 3, stride=2, bias=False)
-        self.bn1 = BatchNorm2d(filters, eps=eps, momentum=torch_momentum(momentum))
+        self.conv1 = conv(in_channels, filters, 3, 2)
+        self.bn1 = batchnorm(filters, momentum, eps)
         self.pad2 = same_pad(half, 3, 1)
-        self.conv2 = nn.Conv2d(filters, filters, 3, bias=False)
-        self.bn2 = BatchNorm2d(filters, eps=eps, momentum=torch_momentum(momentum))
+        self.conv2 = conv(filters, filters, 3, 1)
+        self.bn2 = batchnorm(filters, momentum, eps)
         self.shortcut = ConvBN(size, in_channels, filters, 1, 2, momentum, eps)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -424,6 +435,12 @@ def predict(model: nn.Module, inputs: np.ndarray) -> np.ndarray:
         return model(x).float().cpu().numpy()
 
 
+def training_view(model: nn.Module) -> nn.Module:
+    """The module a training step runs: torch keeps the mode on the module itself, so this is `model` switched to
+    train() mode (BatchNorm on the batch's statistics, updating its running ones); eval() switches it back."""
+    return model.train()
+
+
 def check_dropout_mask(config: ModelConfig, dropout_mask: np.ndarray | None, batch: int) -> None:
     """Raise ValueError (one line) unless `dropout_mask` fits the model: None for a model without dropout,
     else (batch, features)."""
@@ -457,9 +474,8 @@ def forward_train(model: nn.Module, images: np.ndarray, dropout_mask: np.ndarray
         # The contract's None means no dropout; in train() mode nn.Dropout would drop units at random instead.
         dropout_mask = np.ones((len(images), features), np.float32)
     mask = None if dropout_mask is None else torch.as_tensor(np.asarray(dropout_mask, np.float32), device=device)
-    model.train()
     try:
-        out = forward_logits(model, x, mask)
+        out = forward_logits(training_view(model), x, mask)
     finally:
         model.eval()
     return out.float().cpu().numpy()

@@ -84,16 +84,17 @@ def train(model: nn.Module, plan: TrainPlan, data: Dataset, hook: StepHook | Non
     """Train `model` in place with the plan's optimizer on the plan's batches, in train() mode (BatchNorm on
     batch statistics, running statistics by the spec's convention), multiplying by step s's shared dropout mask
     for a model with dropout; it ends in eval mode. `hook` sees the model in eval mode after its steps."""
-    return run_epochs(model, model, plan, data, desc=f"torch {plan.arch}", hook=hook)
+    return train_module(model, model, plan, data, desc=f"torch {plan.arch}", hook=hook)
 
 
 def _same(losses: torch.Tensor) -> torch.Tensor:
     return losses
 
 
-def run_epochs(model: nn.Module, module: nn.Module, plan: TrainPlan, data: Dataset, *, desc: str,
-               rows: slice | np.ndarray = slice(None), epoch_losses_of: Callable[[torch.Tensor], torch.Tensor] = _same,
-               show: bool = True, workers: int = 1, engine: str = "", hook: StepHook | None = None) -> TrainResult:
+def train_module(model: nn.Module, module: nn.Module, plan: TrainPlan, data: Dataset, *, desc: str,
+                 rows: slice | np.ndarray = slice(None),
+                 epoch_losses_of: Callable[[torch.Tensor], torch.Tensor] = _same, show: bool = True, workers: int = 1,
+                 engine: str = "", hook: StepHook | None = None) -> TrainResult:
     """The one training loop, for train() and distributed.train_data_parallel alike: `module` (the model, or its
     DDP wrapper) on its `rows` of each of the plan's batches and of each step's dropout mask, the optimizer over
     `model`'s own parameters. `epoch_losses_of` turns an epoch's stacked losses into the global batch's (for
