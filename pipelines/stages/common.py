@@ -174,12 +174,14 @@ def replicates_stage(stage: str, fw: str, models: list[str], spec: Spec, clock: 
 
 def rebuilt(backend: ModuleType, job: Job, model: Any, init: Weights) -> Any:
     """The job's model holding `init`: a fresh build the first time (`model` None), then the same model with its
-    weights put back (from_canonical), which the contract trains exactly as a fresh build. A replicate reuses
-    what the framework made for the last one (Keras' traced step: seconds a model).
+    weights put back (from_canonical, the call every build makes), which the contract trains exactly as a fresh
+    build. A replicate, and train_export's run after its window replicates, reuse what the framework made for
+    the last one (Keras' traced step: seconds a model).
 
-    Never the run's own model: its weights would have to be put back through to_canonical and from_canonical,
-    and a porting bug in that mapping (torch's LSTM bias given to both of its bias vectors) would then change
-    the model whose outputs, exports and taps are recorded (tests/pipeline/test_taps_localize.py plants it)."""
+    Always from an init, never from a trained state: a run's weights put back through to_canonical and
+    from_canonical would let a porting bug in that mapping (torch's LSTM bias given to both of its bias vectors)
+    change the model whose outputs, exports and taps are recorded (tests/pipeline/test_taps_localize.py plants
+    it)."""
     if model is None:
         return backend.build(job.config, init)
     backend.from_canonical(model, init)

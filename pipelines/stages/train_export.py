@@ -55,7 +55,8 @@ class Checkpoints:
     replicates (replicate_start), for every model, with their step losses through the lockstep window: the null
     of the lockstep checks, what the framework's own rounding does to the state in those steps
     ("replicate<i>/..."). They train only through the last checkpoint or the window (the replicates stage trains
-    those the end-of-training null needs to the end)."""
+    those the end-of-training null needs to the end), before the run, on the model the run then trains from its
+    init (rebuilt): a framework that traces its training step (Keras) traces it once a model, not twice."""
 
     def __init__(self, backend: ModuleType, spec: Spec, job: Job, batch: np.ndarray) -> None:
         self.backend, self.spec, self.job, self.batch = backend, spec, job, batch
@@ -82,24 +83,31 @@ class Checkpoints:
         self.states[replicate][f"replicate{replicate}/step_losses"] = np.asarray(
             result.step_losses[:self.window], np.float64)
 
-    def complete(self, data: Dataset, out: Path) -> None:
-        """Train the replicates through the last checkpoint or the window, then write."""
+    def replicates(self, data: Dataset) -> Any:
+        """Train the replicates through the last checkpoint or the window; the model they trained on (None when
+        replicates.count is 0)."""
         last = max([*self.steps, self.window])  # lockstep_checkpoints may be empty: the window is then the last
         model = None
         for replicate in range(1, self.spec.replicates.count + 1):
-            self.backend.configure(self.spec.seed)  # as the run itself started
+            self.backend.configure(self.spec.seed)  # as the run itself starts
             init, plan, _ = replicate_start(self.job, replicate)
             model = rebuilt(self.backend, self.job, model, init)
             # As the whole replicate trains, to `last`.
             self.ran(replicate, self.backend.train(model, plan.truncated(last), data, self.hook(replicate)))
+        return model
+
+    def write(self, out: Path) -> None:
+        """checkpoints.npz: the run's arrays, then each replicate's."""
         arrays = {k: v for replicate in sorted(self.states) for k, v in self.states[replicate].items()}
         with open(out / paths.CHECKPOINTS_FILE, "wb") as f:
             np.savez(f, **arrays)
 
 
-def train(backend: ModuleType, job: Job, data: Dataset, out: Path, where: str,
-          checkpoints: Checkpoints) -> tuple[Any, TrainResult]:
-    model = backend.build(job.config, job.init)
+def train(backend: ModuleType, spec: Spec, job: Job, data: Dataset, out: Path, where: str,
+          checkpoints: Checkpoints, model: Any) -> tuple[Any, TrainResult]:
+    """The run, from the job's init, on `model` (the replicates' model; None: a fresh build)."""
+    backend.configure(spec.seed)
+    model = rebuilt(backend, job, model, job.init)
     result = backend.train(model, job.plan, data, checkpoints.hook(0))
     record_training(backend, job, model, result, data, out, where)
     return model, result
@@ -215,10 +223,11 @@ def run_model(backend: ModuleType, spec: Spec, job: Job, data: Dataset, clock: m
     batch = data.validation_batch(spec.export.validation_batch_size)
     with staged_outputs(paths.run_dir(arch, fw)) as out:
         checkpoints = Checkpoints(backend, spec, job, batch)
-        with clock.phase(f"{arch}.train"):
-            model, result = train(backend, job, data, out, where, checkpoints)
         with clock.phase(f"{arch}.checkpoints"):
-            checkpoints.complete(data, out)
+            model = checkpoints.replicates(data)
+        with clock.phase(f"{arch}.train"):
+            model, result = train(backend, spec, job, data, out, where, checkpoints, model)
+        checkpoints.write(out)
         initial, exported = export(backend, job, model, batch, out, clock)
         with clock.phase(f"{arch}.outputs"):
             record_outputs(backend, job, model, initial, data, batch, out)

@@ -152,8 +152,9 @@ def test_gru_biases_keep_their_sides() -> None:
 
 
 def test_batchnorm_counters_are_not_canonical_and_loading_stays_strict() -> None:
-    """num_batches_tracked is torch's own: absent from the canonical weights, filled on load (strict), and a
-    forward_train counts in it as torch does, without it leaking out."""
+    """num_batches_tracked is torch's own: absent from the canonical weights, a forward_train counts in it as
+    torch does, without it leaking out, and loading (strict) sets it to zero, as a fresh build holds it: a model
+    trained before and loaded is the model a build from the same weights makes, counters and all."""
     config = small_config("resnet")
     weights = asymmetric_weights(config, 9)
     model = rosetta_torch.build(config, weights)
@@ -164,7 +165,9 @@ def test_batchnorm_counters_are_not_canonical_and_loading_stays_strict() -> None
     back = rosetta_torch.to_canonical(model)
     assert list(back) == list(weights)
     rosetta_torch.from_canonical(model, weights)  # strict load_state_dict with the counters filled in
-    assert all(int(model.state_dict()[name]) == 1 for name in counters)
+    fresh = rosetta_torch.build(config, weights).state_dict()
+    assert all(int(model.state_dict()[name]) == 0 for name in counters)
+    assert all(torch.equal(value, fresh[name]) for name, value in model.state_dict().items())
 
 
 _ORIGINAL_GATES = dict(torch_weights.GATE_ORDER)

@@ -39,9 +39,9 @@ _RECURRENT_NAMES = {
 LSTM_HIDDEN_BIAS = "lstm.bias_hh_l0"
 # BatchNorm: scale/bias are BatchNorm2d's weight/bias; running_mean/running_var map one to one (the statistics are
 # canonical state, float32 both ways). torch's extra `num_batches_tracked` counter is not canonical: to_canonical
-# drops it and from_canonical fills it from the module's own, so that strict loading still works (with `momentum` set,
-# torch never reads it). BatchNorm's momentum, epsilon and running variance are set in models.py, where the layers
-# are made.
+# drops it and from_canonical sets it to zero, a fresh module's count, so that strict loading still works (with
+# `momentum` set, torch never reads it). BatchNorm's momentum, epsilon and running variance are set in models.py,
+# where the layers are made.
 TRACKED = ".num_batches_tracked"  # torch's BatchNorm step counter: not canonical
 
 # text_transformer: nn.MultiheadAttention fuses the three input projections: in_proj_weight (3e, e) holds the query,
@@ -157,8 +157,9 @@ def from_canonical(model: nn.Module, weights: Weights) -> None:
     config: ModelConfig = model.config
     check_weights(weights, config, f"{config.arch} weights")
     state = to_state_dict(config, weights)
-    # BatchNorm's step counters are torch's own state: kept as the module has them, so that loading stays strict.
-    state.update({k: v for k, v in model.state_dict().items() if k.endswith(TRACKED)})
+    # BatchNorm's step counters are torch's own state, zero as a fresh module's: the model then holds what a build
+    # from these weights holds, trained before or not, and loading stays strict.
+    state.update({k: torch.zeros_like(v) for k, v in model.state_dict().items() if k.endswith(TRACKED)})
     model.load_state_dict(state, strict=True)  # copies; every name must match
 
 
