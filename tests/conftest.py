@@ -28,7 +28,8 @@ STARTS_THE_TINY_RUN = "tests/pipeline/test_planted_porting_bugs.py"
 NEEDS_THE_TINY_RUN_LATER = {"tests/system/test_containers.py"}
 SLOWEST = [
     "tests/system/test_containers.py", "tests/pipeline/test_planted_porting_bugs.py",
-    "tests/pipeline/test_taps_localize.py", "tests/pipeline/test_lineage.py", "tests/system/test_report_page.py",
+    "tests/pipeline/test_adding_a_model.py", "tests/pipeline/test_taps_localize.py", "tests/pipeline/test_lineage.py",
+    "tests/system/test_report_page.py",
     "tests/pipeline/test_stage_kills.py", "tests/pipeline/test_validate_failures.py", "tests/system/test_serving.py",
     "tests/pipeline/test_isa_pins.py", "tests/pipeline/test_bad_inputs.py", "tests/pipeline/test_serve_stage.py",
     "tests/pipeline/test_data_parallel.py", "tests/pipeline/test_jax2tf.py", "tests/pipeline/test_pipeline_e2e.py",
