@@ -54,6 +54,11 @@ test-unit: $(VENV)/.installed
 test-model: setup
 	python -m tooling.build.run_tests model --model "$(MODEL)"
 
+# CONTRIBUTING's "Adding a model" followed: its worked example applied to a copy, step 4 run there (minutes; CI runs it).
+.PHONY: test-recipe
+test-recipe: setup
+	ROSETTA_RECIPE_TESTS=1 python -m pytest -q tests/pipeline/test_adding_a_model.py
+
 test-cross: setup browser
 	python -m tooling.build.run_tests cross
 
