@@ -21,6 +21,7 @@ import pytest
 
 from pipelines.environments import REPO_ROOT as REPO
 from pipelines.environments import envs_dir
+from tooling.build.tiny_run import copy_checkout
 
 EXAMPLE = REPO / "docs/examples/linear-model.patch"
 MODEL = "linear"
@@ -59,12 +60,7 @@ def test_the_check_sees_a_file_the_recipe_does_not_name() -> None:
 def added(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """This checkout as the user sees it (tracked and untracked files, not ignored) with the example applied."""
     root = tmp_path_factory.mktemp("added")
-    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=REPO,
-                            capture_output=True, text=True, check=True).stdout.split("\0")
-    for rel in filter(None, listed):
-        if (REPO / rel).is_file():
-            (root / rel).parent.mkdir(parents=True, exist_ok=True)
-            (root / rel).write_bytes((REPO / rel).read_bytes())
+    copy_checkout(root)
     applied = subprocess.run(["git", "apply", "--verbose", str(EXAMPLE)], cwd=root, capture_output=True, text=True,
                              check=False)
     assert applied.returncode == 0, f"{EXAMPLE.name} no longer applies:\n{applied.stderr[-3000:]}"

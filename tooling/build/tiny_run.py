@@ -67,9 +67,8 @@ def merge(base: dict, override: dict) -> dict:
     return out
 
 
-def copy_repo(root: Path, env: dict[str, str]) -> None:
-    """This checkout as the user sees it (tracked and untracked, not ignored) in `root`, with TINY params,
-    committed to a fresh git repository (DVC wants one)."""
+def copy_checkout(root: Path) -> None:
+    """This checkout as the user sees it (tracked and untracked files, not ignored) in `root`."""
     listed = subprocess.run(
         ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
         cwd=REPO, capture_output=True, text=True, check=True,
@@ -78,6 +77,12 @@ def copy_repo(root: Path, env: dict[str, str]) -> None:
         if (REPO / rel).is_file():
             (root / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO / rel, root / rel)
+
+
+def copy_repo(root: Path, env: dict[str, str]) -> None:
+    """This checkout (copy_checkout) in `root` with TINY params, committed to a fresh git repository (DVC wants
+    one)."""
+    copy_checkout(root)
     params = merge(yaml.safe_load((REPO / "params.yaml").read_text()), TINY)
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     git = ["git", "-c", "user.name=rosetta", "-c", "user.email=rosetta@localhost"]
