@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from pipelines.checks.replicate_null import holm_rejected
+from pipelines.checks.replicate_null import floor_thresholds, holm_rejected
 from rosetta_common.errors import RosettaError
 
 # One framework's run (pipelines/checks/integrity.py, exports.py, inference_mode.py).
@@ -179,27 +179,33 @@ class Ledger:
 
     def judge_nulls(self, alpha: float, futility: float | None = None) -> None:
         """Decide every null-judged check together: Holm's step-down at `alpha` over the run's tests (a test
-        judged several pairs, replicate_null.pooled_null, counts once). A null that could not reject at any step
-        of Holm's (the smallest p its samples allow, its "floor", above `alpha`: too few replicates parted)
-        cannot judge: its figure stays held to the float32 bound it exceeded, and fails. A test of the interim
-        look (its null's `look`) enters with its interim p, which the look found above `futility`; one at or
-        below it should have trained more replicates, and fails. Each row's "null" gets its test's Holm
+        judged several pairs, replicate_null.pooled_null, counts once). A test whose floor (the smallest p its
+        groups allow) lies above Holm's threshold at the rank that floor would take (replicate_null.floor_thresholds)
+        could not be rejected whatever its figures: too few replicates parted for a family this large, so it cannot
+        judge, its figure stays held to the float32 bound it exceeded, and it fails, naming that threshold. A test
+        of the interim look (its null's `look`) enters with its interim p, which the look found above `futility`;
+        one at or below it should have trained more replicates, and fails. Each row's "null" gets its test's Holm
         threshold and the family's size."""
         at = [i for i, check in enumerate(self.checks) if check.null is not None]
         tests: dict[str, float] = {}
+        floors: dict[str, float] = {}
         for i in at:
             tests.setdefault(self.checks[i].null["test"], self.checks[i].null["p_value"])
+            floors.setdefault(self.checks[i].null["test"], self.checks[i].null["floor"])
         keys = list(tests)
         rejected = dict(zip(keys, holm_rejected([tests[k] for k in keys], alpha), strict=True))
+        at_floor = dict(zip(keys, floor_thresholds([tests[k] for k in keys], [floors[k] for k in keys], alpha),
+                            strict=True))
         order = sorted(keys, key=lambda k: tests[k])
         threshold = {k: alpha / (len(keys) - step) for step, k in enumerate(order)}
         for i in at:
             check = self.checks[i]
             null = check.null
             different = rejected[null["test"]]
-            if null["floor"] > alpha:
-                verdict = (f"too few replicates parted from their runs: the smallest p possible, "
-                           f"{null['floor']:.3g}, is above alpha {alpha}, so the null cannot judge and the float32 "
+            if null["floor"] > at_floor[null["test"]]:
+                verdict = (f"too few replicates parted from their runs for a Holm family of {len(keys)}: the smallest "
+                           f"p possible, {null['floor']:.3g}, is above Holm's threshold at its rank, "
+                           f"{at_floor[null['test']]:.3g} (alpha {alpha}), so the null cannot judge and the float32 "
                            "bound stands")
                 different = True
             elif null.get("look") == "interim" and futility is not None and null["p_value"] <= futility:

@@ -5,10 +5,11 @@ framework's replicates (the shared init moved by one ulp, each batch's rows in a
 that chaos alone carries a figure; a porting mistake shows as one framework further from the others than that.
 For one model and figure, pooled_p pools every framework's run and replicates and asks, by permuting the framework
 labels, whether the frameworks' groups lie further apart than their own spread (PERMANOVA's pseudo-F); pooled_null
-records it for a row, partitions says when a null is too thin to judge, and Ledger.judge_nulls decides every test
-of the run at once with holm_rejected, which is statsmodels' multipletests (method "holm"). The samples, the test,
-its alpha and what a null too thin does: docs/judge.md, 'The measured null'. The permutation test is written with
-numpy alone (pseudo_f says why no library's).
+records it for a row, partitions gives the smallest p its groups allow (its floor), and Ledger.judge_nulls decides
+every test of the run at once with holm_rejected, which is statsmodels' multipletests (method "holm"), failing a
+test that Holm could not reject even at its floor (floor_thresholds). The samples, the test, its alpha and what a
+null too thin does: docs/judge.md, 'The measured null'. The permutation test is written with numpy alone (pseudo_f
+says why no library's).
 """
 
 from __future__ import annotations
@@ -54,6 +55,16 @@ def holm_rejected(p_values: Sequence[float], alpha: float) -> list[bool]:
     from statsmodels.stats.multitest import multipletests
 
     return [bool(rejected) for rejected in multipletests(list(p_values), alpha=alpha, method="holm")[0]]
+
+
+def floor_thresholds(p_values: Sequence[float], floors: Sequence[float], alpha: float) -> list[float]:
+    """For each test of a Holm family, Holm's threshold at the rank its floor (the smallest p its groups allow)
+    would take among the other tests' p-values: alpha over the tests not below it. A test whose floor lies above
+    it could not be rejected whatever its figures, so accepting it would be a pass by construction (Ledger.
+    judge_nulls fails it). A floor at most alpha / m meets it in any family of m (null_interim's criterion, made
+    before the other tests' final p-values exist)."""
+    m = len(p_values)
+    return [alpha / (m - sum(p < floor for j, p in enumerate(p_values) if j != i)) for i, floor in enumerate(floors)]
 
 
 def pseudo_f(squared: np.ndarray, labels: np.ndarray, groups: int) -> np.ndarray:
@@ -108,7 +119,10 @@ def pooled_p(groups: Sequence[Sequence[Any]], distance: Callable[[Any, Any], flo
     for start in range(0, permutations, 1000):
         drawn = rng.permuted(np.tile(labels, (min(1000, permutations - start), 1)), axis=1)
         larger += int(np.count_nonzero(pseudo_f(squared, drawn, len(groups)) >= bar))
-    return observed, (1 + larger) / (permutations + 1)
+    # Never below the exact p's own lower bound: the observed split and its equivalents (groups of one size
+    # swapped) are 1 / partitions of every labelling, a share a lucky draw can miss (three groups of 4: 1 / 5,775,
+    # where 9,999 draws allow 1e-4).
+    return observed, max((1 + larger) / (permutations + 1), 1 / partitions([len(g) for g in groups]))
 
 
 def labellings(labels: Sequence[int]) -> int:

@@ -5,10 +5,14 @@ train more.
 
 A group-sequential test: for every model artifacts/null_plan.json names, the pooled test of each end-of-training
 figure beyond its float32 bound runs on each framework's run and its first parted replicates (the replicates
-stage's, `replicates.first` a framework), with the validate stage's own functions (pipelines/checks/parity.py).
-A model whose every test gives p above `replicates.futility` is accepted there; any other goes on to
-`replicates.parted` (the replicates_more stages). Stopping only to accept can only remove rejections, so the
-error rate stays at `tolerances.null_alpha`; what it costs in power: docs/judge.md, 'The power of the null'.
+stage's, `replicates.first` a framework), with the validate stage's own functions (pipelines/checks/). A model
+goes on to `replicates.parted` (the replicates_more stages) where any test gives p at or below
+`replicates.futility`, or where a test's floor (the smallest p its groups allow) is above alpha over the Holm
+family validate will judge, so that accepting it would be a pass by construction: the family is counted here as
+validate makes it, every planned model's end-of-training tests and every model's lockstep tests (a data-parallel
+run's, from train_dp, which this stage does not wait for, can only widen it; validate fails a test they leave
+unable to reject, naming it). Any other model is accepted. Stopping only to accept can only remove rejections, so
+the error rate stays at `tolerances.null_alpha`; what it costs in power: docs/judge.md, 'The power of the null'.
 Writes artifacts/null_interim.json: names only, so runs that move without changing it leave the replicates after
 it cached. Runs in the validation environment.
 """
@@ -20,6 +24,7 @@ from typing import Any
 from pipelines import measurements, paths
 from pipelines.checks import ledger as names
 from pipelines.checks.ledger import Ledger
+from pipelines.checks.lockstep import lockstep_checkpoints
 from pipelines.checks.parity import running_statistics, training_parity
 from pipelines.checks.replicates import end_figures, read_plan, read_replicates
 from pipelines.stages import IMPORTS_STARTED, stage_main
@@ -29,23 +34,37 @@ from rosetta_common.io import read_json, write_json
 from rosetta_common.spec import Spec, load_spec
 
 
-def interim_tests(spec: Spec, arch: str, data: Dataset) -> dict[str, dict[str, Any]]:
-    """The model's end-of-training tests on the first replicates, by test: each one's null record (its p-value,
-    smallest possible p, groups), as validate would record it."""
+def null_tests(spec: Spec, arch: str, data: Dataset, planned: bool) -> dict[str, dict[str, Any]]:
+    """Every test of the model that validate will judge against a null, by test, each one's null record (its
+    p-value, floor, groups) as validate would record it, with `end` saying whether it is an end-of-training test
+    (on the first replicates: a planned model's) or a lockstep one (on the window replicates: every model's)."""
     config = data.model_config(spec, arch)
     ledger = Ledger()
     runs = {}
     for fw in spec.frameworks:
         runs[fw] = end_figures(arch, fw, data)
-        runs[fw]["replicates"] = read_replicates(ledger, arch, fw, paths.replicates_run(arch, fw),
-                                                 read_json(paths.train_log(arch, fw))["step_losses"])
+        if planned:
+            runs[fw]["replicates"] = read_replicates(ledger, arch, fw, paths.replicates_run(arch, fw),
+                                                     read_json(paths.train_log(arch, fw))["step_losses"])
     unreadable = [c.detail for c in ledger.checks if c.name == names.REPLICATES_READABLE]
     if unreadable:
         raise ArtifactError(f"null_interim: {arch}: {unreadable[0]}")
     figures, weights = training_parity(spec, ledger, arch, runs, data, config)
     running_statistics(spec, ledger, arch, weights, runs, {f["frameworks"]: f["parting_step"] for f in figures})
-    return {c.null["test"]: c.null for c in ledger.checks
-            if c.null is not None and c.name in names.END_OF_TRAINING_PAIR}
+    lockstep_checkpoints(spec, ledger, arch, runs, config, spec.export.validation_batch_size)
+    return {c.null["test"]: {**c.null, "end": c.name in names.END_OF_TRAINING_PAIR} for c in ledger.checks
+            if c.null is not None}
+
+
+def go_on(end: dict[str, dict[str, Any]], futility: float, alpha: float, family: int) -> list[str]:
+    """Why a planned model trains more replicates, from its end-of-training tests at the look (none: accepted): a
+    p at or below `futility`, or a floor above alpha over the `family` validate will judge (Holm's first
+    threshold, which a floor must meet to be rejectable whatever the other tests' p-values)."""
+    reasons = [f"{key.split(' ')[1]} p {t['p_value']:.3g} at most {futility}" for key, t in end.items()
+               if t["p_value"] <= futility]
+    reasons += [f"{key.split(' ')[1]} floor {t['floor']:.3g} above alpha / {family} = {alpha / family:.3g}"
+                for key, t in end.items() if t["floor"] > alpha / family]
+    return reasons
 
 
 def main(argv: list[str]) -> int:
@@ -59,16 +78,23 @@ def main(argv: list[str]) -> int:
         print(f"null_interim: replicates.first = replicates.parted = {spec.replicates.parted}: no interim look",
               flush=True)
         planned = []
+    tests = {arch: null_tests(spec, arch, load_for(arch, paths.PREPARED, cache), arch in planned)
+             for arch in (spec.models if planned else [])}
+    family = sum(len(model) for model in tests.values())  # validate's Holm family but for data-parallel tests
+    alpha = spec.tolerances.null_alpha
     for arch in planned:
-        tests = interim_tests(spec, arch, load_for(arch, paths.PREPARED, cache))
-        (more if any(t["p_value"] <= futility for t in tests.values()) else accepted).append(arch)
+        end = {key: t for key, t in tests[arch].items() if t["end"]}
+        reasons = go_on(end, futility, alpha, family)
+        (more if reasons else accepted).append(arch)
         print(f"null_interim: {arch}: " + ", ".join(f"{key.split(' ')[1]} p {t['p_value']:.3g}"
-                                                   for key, t in tests.items())
-              + (" -> more replicates" if arch in more else f": every p above {futility}, accepted"), flush=True)
+                                                   for key, t in end.items())
+              + (f" -> more replicates: {'; '.join(reasons)}" if reasons else f": every p above {futility}, accepted"),
+              flush=True)
         clock.lap(arch)
     write_json(paths.NULL_INTERIM, {"more": more, "accepted": accepted})
     measurements.write_stage(clock.record(models=more))
-    print(f"null_interim: more replicates for {', '.join(more) or 'no model'} -> {paths.NULL_INTERIM}", flush=True)
+    print(f"null_interim: more replicates for {', '.join(more) or 'no model'} (Holm's family at validate: {family} "
+          f"tests, data-parallel runs' aside) -> {paths.NULL_INTERIM}", flush=True)
     return 0
 
 

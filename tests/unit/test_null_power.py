@@ -67,6 +67,21 @@ def test_the_interim_look_only_removes_rejections_and_stops_most_tests_with_no_b
     assert shift_sequential is not None and shift_at_once is not None and shift_at_once <= shift_sequential < 8.0
 
 
+def test_where_the_looks_floor_is_above_alpha_over_m_every_test_goes_on() -> None:
+    """The interim look's groups of 3 allow p down to 1/280: for a family whose alpha / m is below that, the
+    null_interim stage sends every test on, so the design is every replicate at once; at or above it, the look."""
+    draws = np.random.default_rng(5).standard_normal((200, 3, 6))
+    draws[:, 0] += 2.0
+    five = null_power.relabellings(6, 199)
+    interim = null_power.Interim(2, null_power.relabellings(3, 199), 0.2)
+    assert null_power.interim_floor(interim) == pytest.approx(1 / 280)
+    large, small = 0.05 / 15, 0.05 / 14  # alpha 0.05: families of 15 and 14
+    looked, every = null_power.judged_ps(draws, five, [small, large], interim)
+    np.testing.assert_array_equal(every, null_power.pooled_ps(draws, five))
+    np.testing.assert_array_equal(looked, null_power.sequential_ps(draws, five, interim)[0])
+    assert (looked != every).any()
+
+
 def test_the_rank_sum_for_comparison_finds_a_moved_framework() -> None:
     curve = null_power.power_curve(np.random.default_rng(3).standard_normal((30, 3, 11)), [ALPHA])[:, 0]
     shift = null_power.shift_at(curve)

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pipelines.checks.replicate_null import partitions, pooled_null, pooled_p, pseudo_f
+from pipelines.checks.replicate_null import floor_thresholds, partitions, pooled_null, pooled_p, pseudo_f
 from pipelines.checks.replicates import null_group, parted
 from support import run_in
 
@@ -113,6 +113,12 @@ def test_no_path_gives_a_p_below_the_floor() -> None:
     assert pooled_p([[1.0, 1.0], [1.0, 1.0]], distance, "equal") == (pytest.approx(np.nan, nan_ok=True), 1.0)
     drawn = pooled_null({"torch": [0.0] * 6, "tf": [1.0] * 6, "jax": [2.0] * 6}, distance, "drawn")
     assert not drawn["exact"] and drawn["p_value"] >= drawn["floor"]
+    # Three groups of 4: 34,650 relabellings, drawn; the observed split's 6 equivalents are 1 / 5,775 of them, so a
+    # draw that meets none (about one seed in six) would give 1e-4: p stays at the floor.
+    fours = [[0.0] * 4, [1.0] * 4, [2.0] * 4]
+    drawn_p = [pooled_p(fours, distance, seed=seed)[1] for seed in range(30)]
+    assert min(drawn_p) == pytest.approx(1 / 5775) and all(p >= 1 / 5775 for p in drawn_p), drawn_p
+    assert pooled_null(dict(zip("abc", fours, strict=True)), distance, "fours")["floor"] == pytest.approx(1 / 5775)
 
 
 def test_the_pooled_null_records_its_test_and_the_floor_its_groups_allow() -> None:
@@ -129,26 +135,73 @@ def test_a_pooled_group_is_the_run_and_its_parted_replicates() -> None:
 
 
 def test_a_null_too_thin_to_reject_leaves_the_float32_bound_standing() -> None:
-    """A null whose smallest possible p is above alpha could not reject at any step of Holm's: it cannot judge,
-    so its figure fails (it is beyond its float32 bound, or no null would judge it). One that could reject at a
-    later step is judged by Holm, so a failure elsewhere does not silence it. A test two pairs share counts once
-    in Holm's family."""
+    """A null whose floor (the smallest p its groups allow) lies above Holm's threshold at the rank that floor
+    would take could not be rejected whatever its figures: it cannot judge, so its figure fails (it is beyond its
+    float32 bound), naming that threshold. The same null in a smaller family, where its floor meets the threshold,
+    is judged by Holm. A test two pairs share counts once in Holm's family."""
     distance = lambda a, b: abs(a - b)  # noqa: E731
     thin = pooled_null({"torch": [0.0, 0.1], "tf": [1.0, 1.1]}, distance, "thin")  # 3 splits: p at least 1/3
     wide = pooled_null({"torch": [0.0, 0.1, 0.2, 0.3], "tf": [0.05, 0.15, 0.25, 0.35]}, distance, "wide")  # 1/35
     rng = np.random.default_rng(0)
     strong = pooled_null({"torch": list(rng.standard_normal(6)), "tf": list(rng.standard_normal(6) + 5),
                           "jax": list(rng.standard_normal(6))}, distance, "strong")
+    assert thin["floor"] == pytest.approx(1 / 3) and wide["floor"] == pytest.approx(1 / 35)
+    assert strong["p_value"] < wide["floor"] < 0.05 / 2 * 1.2 and wide["p_value"] > 0.05
+    # Family of 3: wide's floor 0.0286 ranks second (strong's p is below it): threshold 0.05 / 2 = 0.025.
     checks = judged([("cnn", subject, "test_loss_rel", 0.01, 1e-3, null, "runs part")
                      for subject, null in (("torch|tf", thin), ("torch|jax", wide), ("torch|tf", strong),
                                            ("tf|jax", strong))], 0.05)
     thin_check, wide_check, strong_a, strong_b = checks
-    assert thin["floor"] == pytest.approx(1 / 3) and wide["floor"] == pytest.approx(1 / 35)
     assert not thin_check.passed and "the float32 bound stands" in thin_check.detail, thin_check.detail
-    assert wide_check.passed and "no larger at alpha 0.05, Holm over 3" in wide_check.detail, wide_check.detail
+    assert not wide_check.passed and "above Holm's threshold at its rank, 0.025" in wide_check.detail, \
+        wide_check.detail
     assert not strong_a.passed and not strong_b.passed and "different at alpha 0.05" in strong_a.detail
     assert all(c.null["holm_family"] == 3 for c in checks)
     assert strong_a.null["threshold"] == pytest.approx(0.05 / 3) and wide_check.null["threshold"] == 0.05
+    # Family of 2: its rank's threshold is 0.05, which the floor meets: Holm judges it, and it is no larger.
+    wide_alone, _ = judged([("cnn", "torch|jax", "test_loss_rel", 0.01, 1e-3, null, "runs part")
+                            for null in (wide, strong)], 0.05)
+    assert wide_alone.passed and "no larger at alpha 0.05, Holm over 2" in wide_alone.detail, wide_alone.detail
+
+
+def test_an_interim_floor_fails_in_a_family_too_large_for_it() -> None:
+    """The interim look's groups of 3 allow p down to 1/280 (0.0036): rejectable in a Holm family of 6 (0.05 / 6 =
+    0.0083, the default digits run's), not in one of 15 (0.0033), where accepting it would be a pass by
+    construction: it fails, naming the threshold."""
+    def family(size: int) -> list[SimpleNamespace]:
+        nulls = [{"test": f"m{i} test_loss_rel torch|tf|jax", "p_value": 0.5, "floor": 1 / 280 if i == 0 else 1e-4,
+                  "look": "interim" if i == 0 else None} for i in range(size)]
+        return judged([(f"m{i}", "torch|tf", "test_loss_rel", 0.01, 1e-3, null, "runs part")
+                       for i, null in enumerate(nulls)], 0.05, 0.2)
+    small, large = family(6)[0], family(15)[0]
+    assert small.passed and "accepted at the interim look" in small.detail, small.detail
+    assert not large.passed and "Holm family of 15" in large.detail and "0.00333" in large.detail, large.detail
+
+
+def test_the_floors_threshold_is_holms_at_the_rank_it_would_take() -> None:
+    p, floors = [0.001, 0.5, 0.3], [1e-4, 0.0036, 0.01]
+    assert floor_thresholds(p, floors, 0.05) == pytest.approx([0.05 / 3, 0.05 / 2, 0.05 / 2])
+    assert floor_thresholds([0.5] * 15, [1 / 280] * 15, 0.05)[0] == pytest.approx(0.05 / 15)
+
+
+INTERIM = """
+import json
+from pipelines.stages.null_interim import go_on
+end = {{"cnn test_loss_rel torch|tf|jax": {{"p_value": 0.5, "floor": 1 / 280}},
+        "cnn prediction_disagreement torch|tf|jax": {{"p_value": {p}, "floor": 1 / 280}}}}
+print(json.dumps([go_on(end, 0.2, 0.05, family) for family in (6, 14, 15)]))
+"""
+
+
+def test_the_interim_look_sends_on_a_model_whose_floor_validates_family_could_not_reject() -> None:
+    """null_interim's decision: a p at or below the futility boundary, or a floor above alpha over the family
+    validate will judge (Bonferroni's bound, which a floor must meet to be rejectable whatever the others' p)."""
+    alike = in_validation(INTERIM.format(p=0.7))
+    assert alike[0] == [] and alike[1] == [], alike  # 1/280 at most 0.05 / 14
+    assert alike[2] == ["test_loss_rel floor 0.00357 above alpha / 15 = 0.00333",
+                        "prediction_disagreement floor 0.00357 above alpha / 15 = 0.00333"], alike
+    apart = in_validation(INTERIM.format(p=0.1))
+    assert apart[0] == ["prediction_disagreement p 0.1 at most 0.2"], apart
 
 
 # Holm's procedure: holm_rejected's decisions against brute force, on the textbook cases, on vectors where a wrong

@@ -2,11 +2,12 @@
 smallest shift of one framework's end-of-training figure, in within-framework standard deviations, that the validate
 stage's pooled test (pipelines/checks/replicate_null.py) detects with 80 % power at Holm's first step, for each
 family size m (one test per model and figure), with the interim look (`first` parted replicates a framework, the
-test accepted where p is above `futility`, else `parted` in all) and with every replicate trained at once; how often
-it fails a correct port; how often when one framework's own spread is larger than the others'; and how many
-replicates a framework trains with no bug, in expectation. For comparison, the shift an exact per-pair rank-sum test
-finds at the same alpha / m with ten replicates per framework, each parted (each pair's K + 1 cross against 2K
-within distances).
+test accepted where p is above `futility`, else `parted` in all; where the look's floor, 1/280 at `first` 2, is
+above alpha / m, every test goes on, as the null_interim stage decides) and with every replicate trained at once;
+how often it fails a correct port; how often when one framework's own spread is larger than the others'; and how
+many replicates a framework trains with no bug, in expectation. For comparison, the shift an exact per-pair
+rank-sum test finds at the same alpha / m with ten replicates per framework, each parted (each pair's K + 1 cross
+against 2K within distances).
 
 The model: each framework's run and its P parted replicates end at a figure drawn from N(0, 1); a porting bug moves
 one framework's run and all its replicates by the shift; distance |a - b|. Each draw is judged by pseudo_f as
@@ -33,7 +34,7 @@ import numpy as np
 import yaml
 from tqdm import tqdm
 
-from pipelines.checks.replicate_null import EXACT_UP_TO, every_labelling, labellings, pseudo_f
+from pipelines.checks.replicate_null import EXACT_UP_TO, every_labelling, labellings, partitions, pseudo_f
 
 REPO = Path(__file__).resolve().parents[2]
 POWER = 0.8
@@ -164,9 +165,11 @@ def power_curve(draws: np.ndarray, alphas: Sequence[float], labels: np.ndarray |
     for shift in tqdm(SHIFTS, desc=desc, unit="shift", file=sys.stderr):
         moved = draws.copy()
         moved[:, 0] += shift
-        p = (np.array([rank_sum_model_p(s) for s in moved]) if labels is None else
-             sequential_ps(moved, labels, interim)[0] if interim is not None else pooled_ps(moved, labels))
-        rows.append([(p <= alpha).mean() for alpha in alphas])
+        if labels is None:
+            rows.append([(np.array([rank_sum_model_p(s) for s in moved]) <= alpha).mean() for alpha in alphas])
+        else:
+            rows.append([(p <= alpha).mean() for p, alpha in zip(judged_ps(moved, labels, alphas, interim), alphas,
+                                                                 strict=True)])
         if min(rows[-1]) >= POWER:
             break
     return np.array(rows)
@@ -190,8 +193,24 @@ def false_failures(draws: np.ndarray, spread: float, alphas: Sequence[float], la
     `interim`'s look, where given) fails at each alpha."""
     wide = draws.copy()
     wide[:, 0] *= spread
-    p = sequential_ps(wide, labels, interim)[0] if interim is not None else pooled_ps(wide, labels)
-    return [float((p <= alpha).mean()) for alpha in alphas]
+    return [float((p <= alpha).mean()) for p, alpha in zip(judged_ps(wide, labels, alphas, interim), alphas,
+                                                             strict=True)]
+
+
+def judged_ps(draws: np.ndarray, labels: np.ndarray, alphas: Sequence[float], interim: Interim | None
+              ) -> list[np.ndarray]:
+    """Each draw's p-value as validate judges it at each alpha / m: after `interim`'s look where its floor (the
+    smallest p of the first replicates' groups) is at most alpha / m, as the null_interim stage decides;
+    otherwise, and without a look, on every replicate (the look then sends every test on)."""
+    looks = interim is not None and [interim_floor(interim) <= alpha for alpha in alphas]
+    looked = sequential_ps(draws, labels, interim)[0] if looks and any(looks) else None
+    every = pooled_ps(draws, labels) if not looks or not all(looks) else None
+    return [looked if looks and look else every for look, alpha in zip(looks or alphas, alphas, strict=True)]
+
+
+def interim_floor(interim: Interim) -> float:
+    """The smallest p the interim look's groups allow (replicate_null.partitions)."""
+    return 1 / partitions([interim.first + 1] * FRAMEWORKS)
 
 
 def found(curve: np.ndarray, alpha: float, floor: float) -> str:
