@@ -73,13 +73,14 @@ def _passes(name: str) -> bool:
     return name not in HOST_ONLY and (name in PASS_NAMES or name.startswith(PASS_PREFIXES))
 
 
-def container_environment(env: str, variant: str, host_env: Mapping[str, str]) -> dict[str, str]:
+def container_environment(env: str, variant: str, host_env: Mapping[str, str], threads: int | None = None
+                          ) -> dict[str, str]:
     """The variables a stage sees inside its container.
 
-    The stage variables (PYTHONPATH with the mounted checkout, the determinism switches) come from
-    `environments.stage_environment`, as for the local runtime; the image supplies PATH and the venv.
+    The stage variables (PYTHONPATH with the mounted checkout, the determinism switches, `threads` where given)
+    come from `environments.stage_environment`, as for the local runtime; the image supplies PATH and the venv.
     """
-    staged = stage_environment(env, VENV)
+    staged = stage_environment(env, VENV, threads)
     env_vars = {k: v for k, v in host_env.items() if _passes(k)}
     # What stage_environment sets or changes, not what it merely inherited from os.environ.
     env_vars.update({k: v for k, v in staged.items() if os.environ.get(k) != v or k in ("PYTHONPATH", "ROSETTA_ENV")})

@@ -160,8 +160,10 @@ def installed_versions(names: list[str]) -> dict[str, str]:
     return found
 
 
-def stage_environment(env: str, env_dir: Path) -> dict[str, str]:
-    """Process environment for a command in `env`: its interpreter first on PATH, our sources on PYTHONPATH.
+def stage_environment(env: str, env_dir: Path, threads: int | None = None) -> dict[str, str]:
+    """Process environment for a command in `env`: its interpreter first on PATH, our sources on PYTHONPATH;
+    with `threads`, every thread pool of that size instead of the caller's ROSETTA_THREADS (a model server runs
+    with the count its export recorded).
 
     Both runtimes use it (the local runner as is, the container runtime with the image's venv), so a stage sees
     the same variables wherever it runs."""
@@ -170,6 +172,10 @@ def stage_environment(env: str, env_dir: Path) -> dict[str, str]:
         paths.append(REPO_ROOT / ENVIRONMENTS[env].package / "src")
     paths.append(REPO_ROOT)
     base = {k: v for k, v in os.environ.items() if k not in ("PYTHONHOME", "PYTHONPATH")}
+    if threads is not None:  # XLA's pool size too, which thread_environment keeps where the caller set one
+        xla = [f for f in base.get("XLA_FLAGS", "").split()
+               if "intra_op_parallelism_threads" not in f and not f.startswith("--xla_cpu_multi_thread_eigen")]
+        base = {**base, "ROSETTA_THREADS": str(threads), "XLA_FLAGS": " ".join(xla)}
     return {
         **base,
         "VIRTUAL_ENV": str(env_dir),

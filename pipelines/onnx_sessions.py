@@ -26,11 +26,13 @@ def providers() -> list:
     return ["CPUExecutionProvider"]
 
 
-def session_options() -> ort.SessionOptions:
+def session_options(threads: int | None = None) -> ort.SessionOptions:
     options = ort.SessionOptions()
     options.log_severity_level = 3
     # The runner pins every runtime's threads (pipelines/environments.py): results must not depend on cores.
-    options.intra_op_num_threads = int(os.environ.get("ROSETTA_THREADS", "2"))
+    # `threads`, where given, is the count an export recorded: a session of its file then computes what the
+    # exporting stage's and its server's sessions computed, bit for bit, whatever this process's ROSETTA_THREADS.
+    options.intra_op_num_threads = threads or int(os.environ.get("ROSETTA_THREADS", "2"))
     options.inter_op_num_threads = 1
     # Idle intra-op threads block instead of spinning (ONNX Runtime spins by default, between and after runs):
     # the validator interleaves short runs with numpy, and a server waits between requests, so a spinning thread
@@ -40,14 +42,14 @@ def session_options() -> ort.SessionOptions:
     return options
 
 
-def open_checked(path: Path) -> ort.InferenceSession:
+def open_checked(path: Path, threads: int | None = None) -> ort.InferenceSession:
     """onnx.checker (full check), then a session with these settings; ArtifactError naming the file when the file
     is missing or either refuses it."""
     if not path.is_file():
         raise ArtifactError(f"{path}: ONNX file is missing")
     try:
         onnx.checker.check_model(str(path), full_check=True)
-        return ort.InferenceSession(str(path), session_options(), providers=providers())
+        return ort.InferenceSession(str(path), session_options(threads), providers=providers())
     except Exception as error:  # onnx and onnxruntime raise several unrelated types
         raise ArtifactError(f"{path}: not a valid ONNX model ({type(error).__name__}: "
                             f"{one_line(str(error))})") from None

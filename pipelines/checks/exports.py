@@ -42,7 +42,7 @@ def check_framework(spec: Spec, ledger: Ledger, arch: str, fw: str, data: Any, b
     )
     for kind, path, check, key in exported:
         try:
-            sessions[kind] = open_session(path)
+            sessions[kind] = open_session(path, record.get("threads"))  # as the export's own and its server's
         except CheckError as error:
             ledger.add(arch, fw, names.onnx_checker(kind), None, 0.0, False, str(error))
             continue

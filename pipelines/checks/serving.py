@@ -2,12 +2,13 @@
 and to its init twin's, through V1 REST, V2 REST and V2 gRPC, against the same export's logits computed in
 process, the float64 reference, each other, and the servers' metadata.
 
-A framework's server runs the very export train_export ran, with the same pins, and the transports carry every bit,
-so its logits must equal the in-process record bit for bit (tolerance 0); the ONNX server is held bit for bit to
-this stage's own session of the same file, and to the framework's server within the sum of the two exports' bounds;
-init twins are also held to the reference forward within tolerances.forward_parity_abs. Trained models' served
-logits across frameworks are figures, not checks. Every rule, its tolerance and why: docs/judge.md and
-docs/serving.md. Checks are made only for a run that is judged (intact, see integrity.py)."""
+A framework's server runs the very export train_export ran, with the same pins and the thread count its export.json
+recorded, and the transports carry every bit, so its logits must equal the in-process record bit for bit
+(tolerance 0); the ONNX server is held bit for bit to this stage's own session of the same file (both at the
+source export's thread count), and to the framework's server within the sum of the two exports' bounds; init twins
+are also held to the reference forward within tolerances.forward_parity_abs. Trained models' served logits across
+frameworks are figures, not checks. Every rule, its tolerance and why: docs/judge.md and docs/serving.md. Checks
+are made only for a run that is judged (intact, see integrity.py)."""
 
 from __future__ import annotations
 
@@ -207,6 +208,20 @@ def top_two_margins(logits: np.ndarray) -> np.ndarray:
     return top[:, 1] - top[:, 0]
 
 
+def thread_note(served: Served, server: str, arch: str, fw: str) -> str:
+    """Like with like: the thread count the server ran with (the serve stage's index) against the one the export
+    it is held to recorded (export.json), which set the last bits of the in-process logits; the servers take the
+    export's (pipelines/serving/servers.py, export_threads), so they differ only where one was made elsewhere."""
+    ran = served.index.get("servers", {}).get(server, {}).get("threads")
+    try:
+        made = json.loads(paths.export_record(arch, fw).read_text()).get("threads")
+    except (OSError, ValueError):
+        made = None
+    if ran == made:
+        return "" if ran is None else f", both at {ran} threads"
+    return f"; the server ran at {ran} threads, the export at {made}: a server must run with its export's count"
+
+
 def serving_checks(spec: Spec, ledger: Ledger, arch: str, runs: dict[str, dict[str, Any]], batch: np.ndarray,
                    config: ModelConfig, served: Served) -> dict[str, Any]:
     """Every serving check of one model (see the module's docstring), and its figures for validation.json."""
@@ -227,11 +242,13 @@ def serving_checks(spec: Spec, ledger: Ledger, arch: str, runs: dict[str, dict[s
 
     def judge(server: str, subject: str, check: str, expected: np.ndarray, what: str) -> None:
         figures = record["servers"].setdefault(server, {})
+        threads = thread_note(served, server, arch, subject)
         for protocol, found in logits[server].items():
             worst, differ = bitwise(found, expected)
             figures[protocol] = {"max_abs": worst, "values_differing": differ}
             ledger.add(arch, subject, names.served(check, protocol), worst, 0.0, differ == 0,
-                       f"{differ} of {found.size} logits differ in some bit from {what}; bit for bit required")
+                       f"{differ} of {found.size} logits differ in some bit from {what}{threads}; bit for bit "
+                       "required")
 
     for server in served.servers:
         if server == ONNX_SERVER:
@@ -291,11 +308,12 @@ def init_checks(spec: Spec, ledger: Ledger, arch: str, runs: dict[str, dict[str,
     figures: dict[str, Any] = {"tolerance": tol, "vs_reference": {}, "across_servers": {}}
 
     def bitwise_check(server: str, subject: str, check: str, expected: np.ndarray, what: str) -> None:
+        threads = thread_note(served, server, arch, subject)
         for protocol, found in answers[server].items():
             worst, differ = bitwise(found, expected)
             ledger.add(arch, subject, names.served(check, protocol), worst, 0.0, differ == 0,
-                       f"{differ} of {found.size} logits of {name} differ in some bit from {what}; bit for bit "
-                       "required")
+                       f"{differ} of {found.size} logits of {name} differ in some bit from {what}{threads}; bit "
+                       "for bit required")
 
     for server in served.servers:
         onnx = server == ONNX_SERVER

@@ -14,10 +14,11 @@ from pipelines.onnx_sessions import open_checked
 from rosetta_common.errors import ArtifactError
 
 
-def open_session(path: Path) -> ort.InferenceSession:
-    """onnx.checker then an ONNX Runtime session; any problem becomes a CheckError naming the file."""
+def open_session(path: Path, threads: int | None = None) -> ort.InferenceSession:
+    """onnx.checker then an ONNX Runtime session (on `threads`, where given: the count the file's export
+    recorded); any problem becomes a CheckError naming the file."""
     try:
-        return open_checked(path)
+        return open_checked(path, threads)
     except ArtifactError as error:
         raise CheckError(str(error)) from None
 

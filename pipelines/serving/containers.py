@@ -25,7 +25,14 @@ from pipelines import containers
 from pipelines.containers import Engine
 from pipelines.environments import REPO_ROOT
 from pipelines.serving.probe import NOT_YET
-from pipelines.serving.servers import SERVERS, STOP_SECONDS, ServingError, server_arguments
+from pipelines.serving.servers import (
+    SERVERS,
+    STOP_SECONDS,
+    ServingError,
+    export_threads,
+    served_folder,
+    server_arguments,
+)
 from pipelines.workers import describe_exit
 
 LISTEN = "0.0.0.0"  # the container's own interfaces: on the stage's internal network only
@@ -53,10 +60,12 @@ def network_remove_command(engine: Engine, network: str) -> list[str]:
 
 
 def _run_line(engine: Engine, env: str, variant: str, command: Sequence[str], network: str, container: str,
-              host_env: Mapping[str, str], repo: Path, cwd: Path, uid: int, gid: int, detach: bool) -> list[str]:
+              host_env: Mapping[str, str], repo: Path, cwd: Path, uid: int, gid: int, detach: bool,
+              threads: int | None = None) -> list[str]:
     return containers.run_command(
         engine, containers.image_name(env, variant), list(command),
-        env_vars=containers.container_environment(env, variant, host_env), repo=repo, cwd=cwd, uid=uid, gid=gid,
+        env_vars=containers.container_environment(env, variant, host_env, threads), repo=repo, cwd=cwd, uid=uid,
+        gid=gid,
         variant=variant, network=network, detach=detach,
         extra_args=["--name", container, *shlex.split(host_env.get("ROSETTA_CONTAINER_ARGS", ""))])
 
@@ -65,10 +74,12 @@ def server_run_command(engine: Engine, name: str, variant: str, network: str, ar
                        models: Sequence[str] | None, host_env: Mapping[str, str], repo: Path, cwd: Path, uid: int,
                        gid: int) -> list[str]:
     """`<engine> run --detach` of one server on `network`: the same server command line as a local process
-    (servers.server_arguments), listening on the container's own interfaces."""
+    (servers.server_arguments), listening on the container's own interfaces, with the thread count its exports
+    recorded (servers.export_threads)."""
     arguments = server_arguments(name, artifacts, onnx_from, HTTP_PORT, GRPC_PORT, models, host=LISTEN)
     return _run_line(engine, SERVERS[name][0], variant, ["python", *arguments], network,
-                     container_name(network, name), host_env, repo, cwd, uid, gid, detach=True)
+                     container_name(network, name), host_env, repo, cwd, uid, gid, detach=True,
+                     threads=export_threads(served_folder(name, artifacts, onnx_from), models))
 
 
 def client_run_command(engine: Engine, variant: str, network: str, module: str, config: Path,

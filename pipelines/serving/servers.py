@@ -4,12 +4,12 @@
     python -m pipelines.serving torch onnx --port 8500 --artifacts artifacts
 
 Each server is `python -m <module> --artifacts ... --http-port P --grpc-port Q` in its own environment (SERVERS),
-started as pipelines/workers.py starts data-parallel workers (stage_environment: the same threads and
-instruction-set pins as the stage that exported the model), on fixed ports (`--port BASE`: server i of SERVERS on
-BASE + 2i for REST, BASE + 2i + 1 for gRPC) or free ones. A server is ready when `GET /v2/health/ready` and
-`GET /v2/models/<m>/ready` of every model answer 200 within the bound; one that exits or is not ready in time is
-one `error:` line naming it, and every server started is stopped. Standard library only: it runs in the
-orchestrator, which has no kserve.
+started as pipelines/workers.py starts data-parallel workers (stage_environment: the instruction-set pins of the
+stage that exported the model, and the thread count its export.json records, export_threads), on fixed ports
+(`--port BASE`: server i of SERVERS on BASE + 2i for REST, BASE + 2i + 1 for gRPC) or free ones. A server is ready
+when `GET /v2/health/ready` and `GET /v2/models/<m>/ready` of every model answer 200 within the bound; one that
+exits or is not ready in time is one `error:` line naming it, and every server started is stopped. Standard
+library only: it runs in the orchestrator, which has no kserve.
 """
 
 from __future__ import annotations
@@ -115,6 +115,25 @@ def served_folder(name: str, artifacts: Path, onnx_from: str) -> Path:
     return artifacts / (onnx_from if name == "onnx" else name)
 
 
+def export_threads(folder: Path, models: Sequence[str] | None = None) -> int | None:
+    """The CPU thread count the runs in `folder` (a framework's artifacts; `models` of them, where given) were
+    exported with, their export.json's "threads": the last bits of the in-process logits they record depend on
+    it, so their server runs with it and its answers are those logits bit for bit, whatever ROSETTA_THREADS the
+    caller has (the ONNX server takes its source framework's, as validate's session of the same file does). None
+    where no run records one (the caller's then); runs that disagree are one error naming the folder."""
+    found: set[int] = set()
+    for record in sorted(folder.glob("*/export.json")):
+        if models and record.parent.name not in models:
+            continue
+        threads = json.loads(record.read_text()).get("threads")
+        if threads is not None:
+            found.add(int(threads))
+    if len(found) > 1:
+        raise ServingError(f"{folder}: its runs were exported with different thread counts {sorted(found)}, so no "
+                           "one server can reproduce them all; rerun its train_export stage")
+    return found.pop() if found else None
+
+
 def server_arguments(name: str, artifacts: Path, onnx_from: str, http_port: int, grpc_port: int,
                      models: Sequence[str] | None = None, max_body_bytes: int | None = None,
                      host: str = HOST) -> list[str]:
@@ -167,8 +186,9 @@ def start(names: Sequence[str], artifacts: Path = Path("artifacts"), models: Seq
                 log.parent.mkdir(parents=True, exist_ok=True)
             out = None if log is None else open(log, "wb")  # noqa: SIM115  (the child holds it; closed below)
             try:
-                process = subprocess.Popen(command, env=stage_environment(environment, env_dir), stdout=out,
-                                           stderr=None if out is None else subprocess.STDOUT)
+                process = subprocess.Popen(command, env=stage_environment(environment, env_dir,
+                                                                          export_threads(folder, models)),
+                                           stdout=out, stderr=None if out is None else subprocess.STDOUT)
             finally:
                 if out is not None:
                     out.close()

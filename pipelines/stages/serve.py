@@ -142,7 +142,9 @@ def index(spec: Spec, names: list[str], onnx_from: str, batches: dict[str, Any],
     """index.json: what was served, on which batches, and the sha256 of every other file of the folder."""
     return {
         "servers": {name: {"environment": serving.SERVERS[name][0], "module": serving.SERVERS[name][1],
-                           "serves": str(paths.framework_dir(onnx_from if name == "onnx" else name))}
+                           "serves": str(paths.framework_dir(onnx_from if name == "onnx" else name)),
+                           "threads": serving.export_threads(paths.framework_dir(onnx_from if name == "onnx"
+                                                                                 else name), spec.models)}
                     for name in names},
         "onnx_from": onnx_from,
         "models": served_models(spec.models),  # each model, then its canonical-init twin

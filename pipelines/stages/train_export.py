@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from pipelines import latency, measurements, paths
-from pipelines.environments import ENVIRONMENTS, installed_versions
+from pipelines.environments import ENVIRONMENTS, installed_versions, thread_environment
 from pipelines.stages import IMPORTS_STARTED, framework_stage_args, stage_main
 from pipelines.stages.common import (
     Job,
@@ -153,6 +153,9 @@ def record_outputs(backend: ModuleType, job: Job, model: Any, initial: Any, data
         "model": job.arch,
         "native_roundtrip_max_abs": roundtrip,
         "sha256": file_hashes(out),
+        # Every CPU thread pool's size (environments.thread_environment): the last bits of the logits recorded
+        # here depend on it, so a server of this export runs with it (pipelines/serving/servers.py).
+        "threads": int(thread_environment(os.environ)["ROSETTA_THREADS"]),
         "versions": installed_versions([*ENVIRONMENTS[backend.FRAMEWORK].distributions, "onnx", "onnxruntime",
                                         "numpy"]),
     })

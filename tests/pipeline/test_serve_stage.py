@@ -3,7 +3,8 @@
 The tiny run's `dvc repro` ran `serve` (the four model servers on loopback, each model's validation batch, images or
 the token model's ids, through V1 REST, V2 REST and V2 gRPC) and `validate` judged what it published; here: the
 published folder is complete and every serving check passed, the token model's too, under its served name; the
-stage run again in a copy publishes the same bytes; one served logit moved by one ulp
+stage run again in a copy, at another ROSETTA_THREADS, publishes the same bytes (each server runs at its export's
+thread count) and validate at a third passes; one served logit moved by one ulp
 (its hash re-recorded, as a server that answered so would have) fails validate naming that check and nothing
 else; a server that cannot start, or a missing artifacts folder, is one `error:` line naming the server, a
 non-zero exit, and nothing published. Nothing is mocked."""
@@ -147,11 +148,22 @@ def test_the_served_folder_is_complete_and_every_serving_check_passes(tiny_pipel
         assert argmax["rows_differing"] == 0
 
 
-def test_the_stage_run_again_publishes_the_same_bytes(tiny_pipeline: TinyRun, copy: TinyRun) -> None:
+def test_the_stage_run_again_publishes_the_same_bytes_whatever_the_callers_threads(tiny_pipeline: TinyRun,
+                                                                                   copy: TinyRun) -> None:
+    """Run again with ROSETTA_THREADS=1, where the tiny run's exports recorded 2: every server takes its export's
+    count (index.json says so), so the answers are the same bytes; validate at 3 threads opens its sessions at the
+    exports' count too, and every serving check passes, like with like."""
     before = tree(tiny_pipeline.root / paths.SERVED)
-    result = sh(SERVE, copy.root, copy.env)
+    result = sh(SERVE, copy.root, {**copy.env, "ROSETTA_THREADS": "1"})
     assert "ready in" in result.stdout, result.stdout
     assert tree(copy.root / paths.SERVED) == before
+    index = json.loads((copy.root / paths.SERVED_INDEX).read_text())
+    assert {name: server["threads"] for name, server in index["servers"].items()} == dict.fromkeys(SERVERS, 2)
+    validated = sh(VALIDATE, copy.root, {**copy.env, "ROSETTA_THREADS": "3"}, check=False)
+    rows = served_rows(json.loads((copy.root / paths.VALIDATION).read_text()))
+    assert rows and all(r["passed"] for r in rows), [r for r in rows if not r["passed"]][:3]
+    assert validated.returncode == 0, validated.stderr[-3000:]
+    assert any("both at 2 threads" in r.get("detail", "") for r in rows)
 
 
 def validate_with_served_answer(copy: TinyRun, server: str, protocol: str, model: str,

@@ -37,6 +37,19 @@ def test_stage_environment_puts_common_and_only_its_framework_on_the_path(tmp_pa
     assert "_impl" not in runner.stage_environment("validation", tmp_path)["PYTHONPATH"]
 
 
+def test_a_thread_count_given_sets_every_pool_whatever_the_caller_set(tmp_path, monkeypatch):
+    """A model server runs at its export's thread count: every pool's variable and XLA's flag, even where the
+    caller's XLA_FLAGS named another count."""
+    monkeypatch.setenv("ROSETTA_THREADS", "2")
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=true intra_op_parallelism_threads=2 --xla_dump_to=x")
+    env = runner.stage_environment("jax", tmp_path, threads=3)
+    assert [env[k] for k in ("ROSETTA_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "TF_NUM_INTRAOP_THREADS")] \
+        == ["3"] * 4
+    assert "intra_op_parallelism_threads=3" in env["XLA_FLAGS"] and "threads=2" not in env["XLA_FLAGS"]
+    assert "--xla_dump_to=x" in env["XLA_FLAGS"]
+    assert runner.stage_environment("jax", tmp_path)["ROSETTA_THREADS"] == "2"
+
+
 @pytest.mark.parametrize(
     ("args", "extra", "message"),
     [

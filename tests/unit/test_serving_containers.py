@@ -131,3 +131,21 @@ def test_the_servers_host_is_loopback_unless_told_and_must_be_an_ipv4_address(tm
         common_serving.parse_args([*base, "--host", "rosetta-serve-x"], "x")
     assert ("--host rosetta-serve-x: not an IPv4 address; allowed: e.g. 127.0.0.1 (default) or 0.0.0.0"
             in capsys.readouterr().err)
+
+
+def test_each_server_runs_at_the_thread_count_its_exports_recorded(tmp_path):
+    """export.json's "threads" sets the server's pools (local and container alike, servers.export_threads): its
+    answers are then the recorded in-process logits bit for bit, whatever the caller's ROSETTA_THREADS. Runs that
+    recorded different counts are one error naming the folder; none recorded leaves the caller's."""
+    for framework, threads in (("torch", 3), ("tf", 3)):
+        for model in ("mlp", "cnn"):
+            (tmp_path / framework / model).mkdir(parents=True)
+            (tmp_path / framework / model / "export.json").write_text(f'{{"threads": {threads}}}')
+    (tmp_path / "tf" / "cnn" / "export.json").write_text('{"threads": 1}')
+    assert serving.export_threads(tmp_path / "torch") == 3 and serving.export_threads(tmp_path / "jax") is None
+    argv = server_run_command(DOCKER, "onnx", "cpu", NETWORK, tmp_path, "torch", ["mlp", "cnn"], HOST_ENV, REPO,
+                              REPO, UID, GID)
+    assert "ROSETTA_THREADS=3" in flag_values(argv, "--env") and "OMP_NUM_THREADS=3" in flag_values(argv, "--env")
+    assert serving.export_threads(tmp_path / "tf", ["mlp"]) == 3
+    with pytest.raises(serving.ServingError, match=r"tf: its runs were exported with different thread counts \[1, 3\]"):
+        serving.export_threads(tmp_path / "tf")
