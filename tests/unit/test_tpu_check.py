@@ -222,6 +222,24 @@ def test_judge_names_the_precision_in_the_validation_environment():
     assert not report.names_precision({"detail": highest}) and "not the matrix precision" in highest
 
 
+def test_the_recorded_runs_judged_again_by_the_current_rule():
+    """`tpu_check rejudge`: the recorded rows' nulls decided by today's Ledger.judge_nulls. Under the floor rule
+    (a test whose floor lies above Holm's threshold at its rank cannot judge, and fails) the `highest` run's cnn
+    and resnet tests against the CPU runs whose replicates were the interim look's (groups of 3: floor 1/84) fail
+    too: 200 of 206 pass, where 205 did. No row moves from fail to pass, and the cnn's prediction_disagreement
+    against JAX's CPU run still fails as different."""
+    done = subprocess.run([sys.executable, "-m", "pipelines.runner", "validation", "--", "python", "-m",
+                           "tooling.devices.tpu_check", "rejudge", str(TPU / "result-highest.json")],
+                          cwd=REPO, env=orchestrator_env(), capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.strip().splitlines()
+    assert lines[0].endswith("result-highest.json: 200 of 206 checks pass under the current rule"), lines
+    moved = lines[1:]
+    assert len(moved) == 5 and all(": pass -> fail: too few replicates parted" in line for line in moved), moved
+    assert {line.split()[0] for line in moved} == {"cnn/tf|jax@tpu", "resnet/jax|jax@tpu"}
+    assert all("the smallest p possible, 0.0119, is above Holm's threshold at its rank" in line for line in moved)
+
+
 # ---------------------------------------------------------------- the TPU host's side, on the CPU
 
 

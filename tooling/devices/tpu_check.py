@@ -5,6 +5,7 @@
     python -m tooling.devices.tpu_check unpack PACK.tar.gz --precision highest      # into artifacts/jax@tpu/
     python -m tooling.devices.tpu_check judge --precision highest --out RESULT.json  # in the validation environment
     python -m tooling.devices.tpu_check report tooling/devices/tpu_results/result-{highest,default}.json
+    python -m tooling.devices.tpu_check rejudge RESULT.json    # its nulls decided by the current rule (validation env)
 
 A port to a TPU claims float32 products; this shows the claim holds at `highest` and that the judge catches JAX's
 default TPU precision. On a TPU host, after `dvc repro` made the CPU runs, it measures the ops and derives the bounds
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.environments import REPO_ROOT
+from rosetta_common.spec import load_spec
 
 OUT = Path("reports/tpu-check")
 # What a TPU run recorded (the op table, the bounds, one result per precision), committed beside this module.
@@ -156,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     u.add_argument("pack", type=Path)
     u.add_argument("--precision", required=True)
     j.add_argument("--out", type=Path, required=True)
+    rj = sub.add_parser("rejudge")  # in the validation environment (statsmodels)
+    rj.add_argument("results", type=Path, nargs="+")
     r = sub.add_parser("report")
     r.add_argument("results", type=Path, nargs="+")
     r.add_argument("--out", type=Path, default=OUT)
@@ -175,6 +179,17 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "unpack":
         print(f"tpu-check: {args.pack} -> {unpack(args.pack, args.precision)}")
+        return 0
+    if args.command == "rejudge":
+        from tooling.devices.tpu_judge import rejudge
+
+        alpha = load_spec(Path("params.yaml")).tolerances.null_alpha
+        for path in args.results:
+            again = rejudge(json.loads(path.read_text()), alpha)
+            print(f"tpu-check: {path}: {again['passed']} of {again['checks']} checks pass under the current rule")
+            for row in again["moved"]:
+                print(f"  {row['model']}/{row['framework']} {row['check']}: {'pass' if row['was'] else 'fail'} -> "
+                      f"{'pass' if row['now'] else 'fail'}: {row['why']}")
         return 0
     if args.command == "report":
         return report(args.results, args.out, args.bounds)

@@ -266,3 +266,30 @@ def model_summary(ledger: Ledger, arch: str, figures: list[dict[str, Any]]) -> d
             "closest": None if closest is None else {
                 "check": closest.name, "subject": closest.subject, "value": closest.value,
                 "tolerance": closest.tolerance, "ratio": closest.value / closest.tolerance}}
+
+
+# The verdicts judge_nulls appends to a null-judged row's detail (pipelines/checks/ledger.py), stripped before the
+# row is decided again.
+VERDICTS = ("; no larger at alpha", "; different at alpha", "; too few replicates parted", "; p ")
+
+
+def rejudge(result: dict[str, Any], alpha: float) -> dict[str, Any]:
+    """A recorded result's null-judged rows decided again by the current Ledger.judge_nulls (Holm over the same
+    tests, the floor rule as it stands), every other row as recorded: which verdicts the rule changes, without a
+    TPU. Returns the new counts and each row whose verdict moved (model, framework, check, then and now, why)."""
+    ledger = Ledger()
+    for row in result["checks"]:
+        null = row.get("null")
+        detail = row.get("detail", "")
+        if null is None:
+            ledger.checks.append(Check(row["check"], row["model"], row["framework"], row["value"],
+                                       row["tolerance"], row["passed"], detail))
+            continue
+        cut = min((i for i in (detail.find(v) for v in VERDICTS) if i >= 0), default=len(detail))
+        ledger.add_null(row["model"], row["framework"], row["check"], row["value"], row["tolerance"],
+                        {k: v for k, v in null.items() if k not in ("threshold", "holm_family")}, detail[:cut])
+    ledger.judge_nulls(alpha)
+    moved = [{"model": c.model, "framework": c.subject, "check": c.name, "was": row["passed"], "now": c.passed,
+              "why": c.detail[c.detail.rfind("; ") + 2:]}
+             for c, row in zip(ledger.checks, result["checks"], strict=True) if c.passed != row["passed"]]
+    return {"checks": len(ledger.checks), "passed": sum(c.passed for c in ledger.checks), "moved": moved}
