@@ -5,16 +5,17 @@ train more.
 
 A group-sequential test: for every model artifacts/null_plan.json names, the pooled test of each end-of-training
 figure beyond its float32 bound runs on each framework's run and its first parted replicates (the replicates
-stage's, `replicates.first` a framework), with the validate stage's own functions (pipelines/checks/). A model
-goes on to `replicates.parted` (the replicates_more stages) where any test gives p at or below
-`replicates.futility`, or where a test's floor (the smallest p its groups allow) is above alpha over the Holm
-family validate will judge, so that accepting it would be a pass by construction: the family is counted here as
-validate makes it, every planned model's end-of-training tests and every model's lockstep tests (a data-parallel
-run's, from train_dp, which this stage does not wait for, can only widen it; validate fails a test they leave
-unable to reject, naming it). Any other model is accepted. Stopping only to accept can only remove rejections, so
-the error rate stays at `tolerances.null_alpha`; what it costs in power: docs/judge.md, 'The power of the null'.
-Writes artifacts/null_interim.json: names only, so runs that move without changing it leave the replicates after
-it cached. Runs in the validation environment.
+stage's, `replicates.first` a framework), with the validate stage's own functions (pipelines/checks/). A model goes
+on to `replicates.parted` (the replicates_more stages) where any test gives p at or below `replicates.futility`, or
+where a test's floor (the smallest p its groups allow) is above alpha over the Holm family validate will judge, so
+that accepting it would be a pass by construction: the family is counted here as validate makes it, every planned
+model's end-of-training tests and every model's lockstep tests. A data-parallel run's tests (train_dp, which this
+stage does not wait for) pool a model's single-process replicates too, in a family this stage cannot count: with
+`data_parallel.workers` above 1, a planned model of `data_parallel.models` goes on. Validate fails any test still
+unable to reject, naming it. Any other model is accepted. Stopping only to accept can only remove rejections, so the
+error rate stays at `tolerances.null_alpha`; what it costs in power: docs/judge.md, 'The power of the null'. Writes
+artifacts/null_interim.json: names only, so runs that move without changing it leave the replicates after it cached.
+Runs in the validation environment.
 """
 
 from __future__ import annotations
@@ -56,14 +57,20 @@ def null_tests(spec: Spec, arch: str, data: Dataset, planned: bool) -> dict[str,
             if c.null is not None}
 
 
-def go_on(end: dict[str, dict[str, Any]], futility: float, alpha: float, family: int) -> list[str]:
+def go_on(end: dict[str, dict[str, Any]], futility: float, alpha: float, family: int,
+          data_parallel: bool = False) -> list[str]:
     """Why a planned model trains more replicates, from its end-of-training tests at the look (none: accepted): a
     p at or below `futility`, or a floor above alpha over the `family` validate will judge (Holm's first
-    threshold, which a floor must meet to be rejectable whatever the other tests' p-values)."""
+    threshold, which a floor must meet to be rejectable whatever the other tests' p-values), or, with
+    `data_parallel` (the model trains data-parallel too), its data-parallel tests: they pool each framework's run
+    and these replicates against the data-parallel run's, in a family this stage cannot count (train_dp runs
+    beside it), so the single-process groups go on to `replicates.parted` as the data-parallel ones do."""
     reasons = [f"{key.split(' ')[1]} p {t['p_value']:.3g} at most {futility}" for key, t in end.items()
                if t["p_value"] <= futility]
     reasons += [f"{key.split(' ')[1]} floor {t['floor']:.3g} above alpha / {family} = {alpha / family:.3g}"
                 for key, t in end.items() if t["floor"] > alpha / family]
+    if data_parallel:
+        reasons.append("it trains data-parallel too (data_parallel.models), whose tests pool these replicates")
     return reasons
 
 
@@ -84,7 +91,8 @@ def main(argv: list[str]) -> int:
     alpha = spec.tolerances.null_alpha
     for arch in planned:
         end = {key: t for key, t in tests[arch].items() if t["end"]}
-        reasons = go_on(end, futility, alpha, family)
+        reasons = go_on(end, futility, alpha, family, spec.data_parallel.workers > 1
+                        and arch in spec.data_parallel.models)
         (more if reasons else accepted).append(arch)
         print(f"null_interim: {arch}: " + ", ".join(f"{key.split(' ')[1]} p {t['p_value']:.3g}"
                                                    for key, t in end.items())

@@ -189,19 +189,22 @@ import json
 from pipelines.stages.null_interim import go_on
 end = {{"cnn test_loss_rel torch|tf|jax": {{"p_value": 0.5, "floor": 1 / 280}},
         "cnn prediction_disagreement torch|tf|jax": {{"p_value": {p}, "floor": 1 / 280}}}}
-print(json.dumps([go_on(end, 0.2, 0.05, family) for family in (6, 14, 15)]))
+print(json.dumps([go_on(end, 0.2, 0.05, family) for family in (6, 14, 15)] + [go_on(end, 0.2, 0.05, 6, True)]))
 """
 
 
 def test_the_interim_look_sends_on_a_model_whose_floor_validates_family_could_not_reject() -> None:
-    """null_interim's decision: a p at or below the futility boundary, or a floor above alpha over the family
-    validate will judge (Bonferroni's bound, which a floor must meet to be rejectable whatever the others' p)."""
+    """null_interim's decision: a p at or below the futility boundary, a floor above alpha over the family
+    validate will judge (Bonferroni's bound, which a floor must meet to be rejectable whatever the others' p), or
+    data-parallel tests to come."""
     alike = in_validation(INTERIM.format(p=0.7))
     assert alike[0] == [] and alike[1] == [], alike  # 1/280 at most 0.05 / 14
     assert alike[2] == ["test_loss_rel floor 0.00357 above alpha / 15 = 0.00333",
                         "prediction_disagreement floor 0.00357 above alpha / 15 = 0.00333"], alike
     apart = in_validation(INTERIM.format(p=0.1))
     assert apart[0] == ["prediction_disagreement p 0.1 at most 0.2"], apart
+    # A model that trains data-parallel too goes on: its data-parallel tests pool these replicates.
+    assert alike[3] == ["it trains data-parallel too (data_parallel.models), whose tests pool these replicates"]
 
 
 # Holm's procedure: holm_rejected's decisions against brute force, on the textbook cases, on vectors where a wrong
