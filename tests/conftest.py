@@ -106,5 +106,5 @@ def tiny_pipeline(tmp_path_factory: pytest.TempPathFactory) -> TinyRun:
 def planted_runs() -> dict:
     """Validate runs of planted copies of the tiny run, by the round's plant ids: test_planted_porting_bugs.py
     judges two mistakes that test_taps_localize.py plants alike (the same edit), on the round that file makes
-    (minutes of retraining each, made by whichever test needs it first)."""
+    (each a retraining of the planted models and a validate run, made by whichever test needs it first)."""
     return {}

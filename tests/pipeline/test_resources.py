@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +72,10 @@ def test_the_probe_reads_a_real_process(leak: bool) -> None:
 # One framework's small mlp trained in its own environment: a warm-up run (compiles, thread pools), then two
 # identical runs back to back, each of at least MIN_EPOCHS and about PROBED_SECONDS, probed from inside the process
 # as one window: each half of the window asks the same of the process (a run's start and end included), so only
-# what the steps add can make the second half's peak the higher. PLANT may add a leak to the loop first.
+# what the steps add can make the second half's peak the higher. Then PLANT adds a leak to the loop and a second
+# window is probed, its runs as long as the first's but at most 2 * MIN_EPOCHS: a thread a step adds hundreds over
+# the bound there, where a run of PROBED_SECONDS of a fast loop (torch's mlp: about 200 epochs) would start over
+# 10,000 threads. One interpreter, one import and one warm-up for both windows.
 TRAIN = """
 import gc, json, math, os, time
 from pipelines import resources
@@ -94,11 +98,17 @@ def run(epochs):
 
 run(1)  # one-time costs: imports on first use, the first compile
 epochs = max({min_epochs}, math.ceil(4 * {seconds} / run(4)))
+
+def window(name, epochs):
+    with resources.Probe(os.getpid(), interval=0.05) as probe:
+        run(epochs)
+        run(epochs)
+    record = {{"epochs": epochs, "steps": epochs * 32, **resources.summarize(probe.samples)}}
+    print(name + " " + json.dumps(record), flush=True)
+
+window("PROBED", epochs)
 {plant}
-with resources.Probe(os.getpid(), interval=0.05) as probe:
-    run(epochs)
-    run(epochs)
-print("PROBED " + json.dumps({{"epochs": epochs, "steps": epochs * 32, **resources.summarize(probe.samples)}}))
+window("PLANTED", min(epochs, 2 * {min_epochs}))
 """
 
 # A thread started at every training step, each waiting until the process ends, from the loop's per-step call:
@@ -125,25 +135,39 @@ loop.run_epochs = run_epochs
 PLANT = {"torch": PLANT_BAR, "tf": PLANT_BAR, "jax": PLANT_STEP}
 
 
-def probed_training(framework: str, planted: bool) -> dict[str, Any]:
-    plant = PLANT[framework] if planted else ""
-    result = run_in(framework, TRAIN.format(framework=framework, seconds=PROBED_SECONDS, min_epochs=MIN_EPOCHS,
-                                            plant=plant))
-    lines = [line for line in result.stdout.splitlines() if line.startswith("PROBED ")]
-    assert result.returncode == 0 and lines, result.stderr[-3000:]
-    return json.loads(lines[-1].removeprefix("PROBED "))
+Probed = Callable[[str], dict[str, dict[str, Any]]]  # a framework -> its windows' records, by name
+
+
+@pytest.fixture(scope="module")
+def probed_training() -> Probed:
+    """TRAIN run once per framework (on first use): its two windows' records, by name ("PROBED": as shipped,
+    "PLANTED": a thread leaked per step)."""
+    records: dict[str, dict[str, dict[str, Any]]] = {}
+
+    def get(framework: str) -> dict[str, dict[str, Any]]:
+        if framework not in records:
+            result = run_in(framework, TRAIN.format(framework=framework, seconds=PROBED_SECONDS,
+                                                    min_epochs=MIN_EPOCHS, plant=PLANT[framework]))
+            found = dict(line.split(" ", 1) for line in result.stdout.splitlines()
+                         if line.startswith(("PROBED ", "PLANTED ")))
+            assert result.returncode == 0 and found.keys() == {"PROBED", "PLANTED"}, result.stderr[-3000:]
+            records[framework] = {name: json.loads(record) for name, record in found.items()}
+        return records[framework]
+
+    return get
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
-def test_training_holds_threads_and_descriptors_flat(framework: str) -> None:
-    record = probed_training(framework, planted=False)
+def test_training_holds_threads_and_descriptors_flat(framework: str, probed_training: Probed) -> None:
+    record = probed_training(framework)["PROBED"]
     assert record["steps"] >= 20 * (resources.BOUNDS["threads"] + 1), record  # a leak a step would show
     assert resources.flat(record), resources.describe(record)
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
-def test_a_thread_planted_per_step_is_caught(framework: str) -> None:
-    record = probed_training(framework, planted=True)
+def test_a_thread_planted_per_step_is_caught(framework: str, probed_training: Probed) -> None:
+    record = probed_training(framework)["PLANTED"]
+    assert record["steps"] >= 20 * (resources.BOUNDS["threads"] + 1), record
     assert not resources.flat(record), resources.describe(record)
     assert record["resources"]["threads"]["verdict"] == "grows", record
 

@@ -58,8 +58,10 @@ def retrain_and_validate(root: Path, env: dict[str, str], retrain: dict[str, lis
                          ) -> subprocess.CompletedProcess[str]:
     """The stages `dvc repro` reruns after a change to some runs, for those runs alone: each framework's
     train_export for its models in `retrain` (importing a framework costs more than training a tiny model), the
-    null plan, each framework's replicates where its runs or the plan changed, the interim look and the
-    replicates after it likewise, then validate (not checked)."""
+    null plan, each framework's replicates where the plan changed or names a model it retrained, the interim look,
+    each framework's replicates after it where the look changed or its replicates before it reran, then validate
+    (not checked). A framework whose retrained models the plan does not name keeps its replicates: they are the
+    replicates of runs that did not change (tied to them by their step losses' digest)."""
     import json
 
     import yaml
@@ -77,13 +79,13 @@ def retrain_and_validate(root: Path, env: dict[str, str], retrain: dict[str, lis
             *models], root, env)
     sh(NULL_PLAN, root, env)
     planned = named("null_plan.json", "replicates")
-    for fw in frameworks:
-        if planned and (fw in retrain or planned != before[0]):
-            stage("replicates", fw)
+    rerun = [fw for fw in frameworks if planned and (planned != before[0] or set(retrain.get(fw, [])) & set(planned))]
+    for fw in rerun:
+        stage("replicates", fw)
     sh(NULL_INTERIM, root, env)
     more = named("null_interim.json", "more")
     for fw in frameworks:
-        if more and (fw in retrain or planned != before[0] or more != before[1]):
+        if more and (fw in rerun or more != before[1]):
             stage("replicates_more", fw)
     return sh(VALIDATE, root, env, check=False)
 
