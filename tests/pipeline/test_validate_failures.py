@@ -138,14 +138,16 @@ def rehash(ws: Workspace, run_dir: Path) -> None:
 
 
 def retie_replicates(ws: Workspace, model: str, framework: str, losses: list[float]) -> None:
-    """Re-record in the model's end-of-training replicates (where the null plan gave it some) the digest of its
-    run's step losses, as replicates trained from that run would: a case that moves a step loss fails its own
-    check, not replicates_readable."""
-    rel = paths.replicates_run(model, framework) / paths.REPLICATES_RECORD
-    if (ws.run.root / rel).is_file():
-        record = ws.read_json(rel)
-        record["run_step_losses_sha256"] = losses_sha256(losses)
-        ws.write_json(rel, record)
+    """Re-record in the model's end-of-training replicates (where the null plan gave it some: the replicates
+    stage's, and the replicates_more stage's where the interim look sent it on) the digest of its run's step
+    losses, as replicates trained from that run would: a case that moves a step loss fails its own check, not
+    replicates_readable."""
+    for folder in (paths.replicates_run(model, framework), paths.replicates_more_run(model, framework)):
+        rel = folder / paths.REPLICATES_RECORD
+        if (ws.run.root / rel).is_file():
+            record = ws.read_json(rel)
+            record["run_step_losses_sha256"] = losses_sha256(losses)
+            ws.write_json(rel, record)
 
 
 # A perturbation edits the workspace for one side and returns the rows it pushes: the rows that must fail
