@@ -83,7 +83,7 @@ def check_framework(spec: Spec, ledger: Ledger, arch: str, fw: str, data: Any, b
         else:
             ledger.add(arch, fw, names.inference_mode(f"native_{fmt}"), None, tol.inference_mode_abs, False,
                        f"{where}: no inference-mode record ({runs_key}, {alone_key})")
-    return {"sessions": sessions, **figures}
+    return {"sessions": sessions, "threads": record.get("threads"), **figures}  # threads: export.json's, checked
 
 
 def quality_floor(spec: Spec, ledger: Ledger, arch: str, fw: str, run: dict[str, Any]) -> None:

@@ -208,15 +208,13 @@ def top_two_margins(logits: np.ndarray) -> np.ndarray:
     return top[:, 1] - top[:, 0]
 
 
-def thread_note(served: Served, server: str, arch: str, fw: str) -> str:
+def thread_note(served: Served, server: str, run: dict[str, Any]) -> str:
     """Like with like: the thread count the server ran with (the serve stage's index) against the one the export
-    it is held to recorded (export.json), which set the last bits of the in-process logits; the servers take the
-    export's (pipelines/serving/servers.py, export_threads), so they differ only where one was made elsewhere."""
+    it is held to recorded (`run`'s, from the export.json integrity.py checked), which set the last bits of the
+    in-process logits; the servers take the export's (pipelines/serving/servers.py, export_threads), so they
+    differ only where one was made elsewhere."""
     ran = served.index.get("servers", {}).get(server, {}).get("threads")
-    try:
-        made = json.loads(paths.export_record(arch, fw).read_text()).get("threads")
-    except (OSError, ValueError):
-        made = None
+    made = run.get("threads")
     if ran == made:
         return "" if ran is None else f", both at {ran} threads"
     return f"; the server ran at {ran} threads, the export at {made}: a server must run with its export's count"
@@ -242,7 +240,7 @@ def serving_checks(spec: Spec, ledger: Ledger, arch: str, runs: dict[str, dict[s
 
     def judge(server: str, subject: str, check: str, expected: np.ndarray, what: str) -> None:
         figures = record["servers"].setdefault(server, {})
-        threads = thread_note(served, server, arch, subject)
+        threads = thread_note(served, server, runs[subject])
         for protocol, found in logits[server].items():
             worst, differ = bitwise(found, expected)
             figures[protocol] = {"max_abs": worst, "values_differing": differ}
@@ -308,7 +306,7 @@ def init_checks(spec: Spec, ledger: Ledger, arch: str, runs: dict[str, dict[str,
     figures: dict[str, Any] = {"tolerance": tol, "vs_reference": {}, "across_servers": {}}
 
     def bitwise_check(server: str, subject: str, check: str, expected: np.ndarray, what: str) -> None:
-        threads = thread_note(served, server, arch, subject)
+        threads = thread_note(served, server, runs[subject])
         for protocol, found in answers[server].items():
             worst, differ = bitwise(found, expected)
             ledger.add(arch, subject, names.served(check, protocol), worst, 0.0, differ == 0,
