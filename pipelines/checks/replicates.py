@@ -6,6 +6,7 @@ Ledger.judge_nulls."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -152,3 +153,23 @@ def null_group(run: dict[str, Any], tolerance: float) -> list[dict[str, Any]]:
 def disagreement(a: dict[str, Any], b: dict[str, Any]) -> float:
     """The share of test images two runs classify differently."""
     return float(np.mean(a["test_predictions"] != b["test_predictions"]))
+
+
+def parting_record(arch: str, runs: dict[str, dict[str, Any]], across: dict[str, int | None], tolerance: float
+                   ) -> dict[str, Any] | None:
+    """Where a model's trainings part (rosetta_common.metrics.parting_step at `tolerance`, lockstep_loss_rel; None:
+    in lockstep to the end): within each framework, its run against each end-of-training replicate and each two
+    replicates; across frameworks, the runs (`across`, the training-parity figures' parting steps). None for a model
+    without such replicates. The measured null is the null it names only where the replicates part as early as the
+    frameworks' runs part from each other (docs/judge.md, "Where the trainings part")."""
+    if not any(run.get("replicates") for run in runs.values()):
+        return None
+    within = {}
+    for fw, run in runs.items():
+        if "step_losses" not in run:  # its training record was unreadable (TRAINING_RECORD_READABLE)
+            continue
+        reps = [r["step_losses"] for r in run.get("replicates") or []]
+        within[fw] = {"run": [parting_step(run["step_losses"], r, tolerance) for r in reps],
+                      "replicates": [parting_step(a, b, tolerance) for a, b in itertools.combinations(reps, 2)]}
+    steps = max((len(run["step_losses"]) for run in runs.values() if "step_losses" in run), default=0)
+    return {"model": arch, "steps": steps, "within": within, "across": across}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -489,3 +490,41 @@ def overview(inputs: Inputs) -> list[Overview]:
             {p: (p in figures, figures.get(p, {}).get("parting_step")) for p in pairs},
             len(rows), sum(not r.get("passed") for r in rows), closest_margin(inputs, model, nulls)))
     return table
+
+
+def parting(inputs: Inputs, model: str) -> dict[str, Any] | None:
+    """The model's parting steps (validation.json's "parting", pipelines.checks.replicates.parting_record), or None
+    for a model without end-of-training replicates."""
+    for record in (inputs.validation or {}).get("parting", []):
+        if isinstance(record, dict) and record.get("model") == model:
+            return record
+    return None
+
+
+def spread(steps: list[int | None], total: int) -> str:
+    """min / median / max of the steps at which pairs part (a pair that never parts counts as after the last step,
+    `total`), and how many pairs; "-" for none."""
+    if not steps:
+        return "-"
+    at = [total + 1 if s is None else s for s in steps]
+
+    def word(s: float) -> str:
+        return "never" if s > total else str(int(s))
+
+    return f"{word(min(at))} / {word(statistics.median(at))} / {word(max(at))} ({len(at)})"
+
+
+def parting_rows(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per framework of a parting record: the spread of its run-vs-replicate and replicate-vs-replicate parting
+    steps, the earliest step at which its run parts from another framework's, and how many of its within-framework
+    pairs part later than that (or never): those are near-copies of the run where the frameworks differ."""
+    total, rows = record["steps"], []
+    for fw, mine in record["within"].items():
+        across = [s for pair, s in record["across"].items() if fw in pair.split("|") and s is not None]
+        first = min(across) if across else None
+        steps = mine["run"] + mine["replicates"]
+        later = sum(1 for s in steps if first is not None and (s is None or s > first))
+        rows.append({"framework": fw, "run": spread(mine["run"], total),
+                     "replicates": spread(mine["replicates"], total), "first_across": first,
+                     "later": later, "pairs": len(steps)})
+    return rows

@@ -217,6 +217,43 @@ PAIR_COLORS = ["#6f42c1", "#d4a72c", "#0a7f8c"]  # as running_statistics draws i
 
 
 @stable
+def parting(model: str, record: Mapping[str, Any] | None) -> str | None:
+    """Where the trainings part (validation.json's "parting"): per framework, the step each replicate parts from
+    its run (filled dots) and each two replicates part (hollow), a pair that never parts drawn at "never"; each
+    pair of frameworks' runs as a dashed vertical line at its parting step. Dots right of the lines are near-copies
+    of their run where the frameworks already differ."""
+    if not record or not record.get("within"):
+        return None
+    total = int(record["steps"])
+    never = total * 1.06
+    fig = Figure(figsize=(9, 0.6 + 0.55 * 2 * len(record["within"])))
+    ax = fig.subplots()
+    labels = []
+    for row, (fw, mine) in enumerate(record["within"].items()):
+        for offset, (key, hollow) in enumerate((("run", False), ("replicates", True))):
+            steps = [never if s is None else s for s in mine[key]]
+            y = 2 * row + offset + np.linspace(-0.18, 0.18, len(steps)) if steps else []
+            ax.scatter(steps, y, s=26, facecolor="none" if hollow else color(fw), edgecolor=color(fw), zorder=3)
+            labels.append(f"{fw}: run vs replicate" if key == "run" else f"{fw}: replicate pairs")
+    for i, (pair, step) in enumerate(record["across"].items()):
+        if step is not None:
+            ax.axvline(step, color=PAIR_COLORS[i % len(PAIR_COLORS)], linestyle="--", linewidth=1.2,
+                       label=f"{pair} runs part at {step}")
+    ax.set_yticks(range(len(labels)), labels)
+    ax.set_ylim(len(labels) - 0.5, -0.5)
+    ticks = [t for t in MaxNLocator(6, integer=True).tick_values(0, total) if 0 <= t <= total]
+    ax.set_xticks([*ticks, never], [*(str(int(t)) for t in ticks), "never"])
+    ax.set(xlim=(0, total * 1.1), xlabel="training step at which the two step losses part",
+           title=f"{model}: where the trainings part")
+    ax.grid(axis="x", alpha=0.3)
+    if any(step is not None for step in record["across"].values()):
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.25 - 0.3 / len(labels)), ncol=3, fontsize=8,
+                  frameon=False)
+    fig.tight_layout()
+    return data_uri(fig)
+
+
+@stable
 def taps_along(model: str, record: Mapping[str, Any] | None, tolerance: float) -> str | None:
     """Max abs error along the taps (x: the taps in the order the forward computes them; y: log scale): each
     framework against the float64 reference (solid, its colour) and each pair (dashed), for the init weights

@@ -137,7 +137,9 @@ PARITY_NOTE = (
     "and variance after training, pair by pair, from the trained canonical weights. Once two runs part "
     "(the parting step), a figure beyond its bound is judged against the spread of each framework's "
     "replicates (the strip plots): one pooled permutation test per model and figure over every run and its "
-    "parted replicates, its pseudo-F, its p-value and the threshold Holm's correction holds it to."
+    "parted replicates, its pseudo-F, its p-value and the threshold Holm's correction holds it to. Where the "
+    "trainings part: the step at which each replicate parts from its run and from the other replicates, beside "
+    "the steps at which the frameworks' runs part from each other."
 )
 
 
@@ -148,11 +150,13 @@ def _parity_group(inputs: Inputs, m: str) -> Group:
     return Group(
         m,
         [tables.forward_parity(matrix), tables.training_parity(inputs, m),
-         *_present(tables.lockstep(inputs, m)), *_present(tables.running_statistics(inputs, m))],
+         *_present(tables.lockstep(inputs, m)), *_present(tables.running_statistics(inputs, m)),
+         *_present(tables.parting(inputs, m))],
         _figure(figures.parity_heatmap(m, matrix), f"{m} forward parity heat map")
         + _figure(figures.running_statistics(m, statistics, bound), f"{m} BatchNorm running statistics after training")
         + _figure(figures.replicates(m, (inputs.validation or {}).get("runs", [])),
-                  f"{m} each framework's run and its replicates"),
+                  f"{m} each framework's run and its replicates")
+        + _figure(figures.parting(m, analysis.parting(inputs, m)), f"{m} where the trainings part"),
     )
 
 

@@ -225,6 +225,25 @@ def lockstep(inputs: Inputs, model: str) -> Table | None:
     return Table("Lockstep checkpoints", columns, rows, note=note)
 
 
+def parting(inputs: Inputs, model: str) -> Table | None:
+    """Where the model's trainings part, within each framework and across (analysis.parting_rows), for a model the
+    measured null judges."""
+    record = analysis.parting(inputs, model)
+    if record is None:
+        return None
+    rows = [Row([text(r["framework"]), text(r["run"]), text(r["replicates"]),
+                 text("never" if r["first_across"] is None else str(r["first_across"])),
+                 text(f"{r['later']} of {r['pairs']}")]) for r in analysis.parting_rows(record)]
+    columns = _columns("framework", "run vs its replicates", "replicates among themselves",
+                       "earliest across frameworks", "within-framework pairs parting later", left=(0,))
+    note = (f"The step (of {record['steps']}) at which two trainings' step losses first differ beyond "
+            "tolerances.lockstep_loss_rel, as min / median / max (pairs). The null pools each framework's run with "
+            "the replicates that parted from it; it is the null it names where they part as early as the "
+            "frameworks' runs part from each other. A within-framework pair that parts later (or never) is a "
+            "near-copy of the run where the frameworks already differ: it adds little spread.")
+    return Table("Where the trainings part", columns, rows, note=note)
+
+
 def data_parallel(inputs: Inputs) -> Table:
     figures = analysis.data_parallel(inputs)
     rows = [Row([text(fig["model"]), text(fig["pair"]), cell(fig["workers"], "int"),

@@ -23,7 +23,7 @@ from pipelines.checks.integrity import intact
 from pipelines.checks.ledger import ARTIFACTS_READABLE, Ledger
 from pipelines.checks.lockstep import lockstep_checkpoints
 from pipelines.checks.parity import running_statistics, training_parity
-from pipelines.checks.replicates import all_replicates, read_interim, read_plan, replicate_figures
+from pipelines.checks.replicates import all_replicates, parting_record, read_interim, read_plan, replicate_figures
 from pipelines.checks.serving import read_served, serving_checks
 from pipelines.checks.taps import localize, tap_figures, taps_record
 from pipelines.stages import IMPORTS_STARTED, stage_main
@@ -51,6 +51,7 @@ def main(argv: list[str]) -> int:
     served = read_served(image_batch)  # the serve stage's folder, checked as a whole once
     serving: list[dict[str, Any]] = []
     measured: list[dict[str, Any]] = []  # test figures this stage computed from each run's artifacts
+    parting_steps: list[dict[str, Any]] = []  # where each pair of a null-judged model's trainings parts
     judged: set[tuple[str, str]] = set()  # (model, framework) runs whose files are the ones their figures came from
     for arch in spec.models:
         data, batch = load_for(arch, paths.PREPARED, cache), batches[arch]
@@ -82,6 +83,8 @@ def main(argv: list[str]) -> int:
         trained_weights_vs_native(spec, ledger, arch, trained, batch, config)
         parity += figures
         parting = {f["frameworks"]: f["parting_step"] for f in figures}
+        if (where := parting_record(arch, runs, parting, spec.tolerances.lockstep_loss_rel)) is not None:
+            parting_steps.append(where)
         statistics += running_statistics(spec, ledger, arch, trained, runs, parting)
         serving.append(serving_checks(spec, ledger, arch, runs, batch, config, served))
         # Last: every check the taps explain is in the ledger, so each failing one can name its first tap.
@@ -102,6 +105,7 @@ def main(argv: list[str]) -> int:
         "running_statistics": statistics,
         "taps": tap_records,
         "runs": measured,
+        "parting": parting_steps,
         "data_parallel": data_parallel,
         "serving": serving,
         "summary": {"checks": len(ledger.checks), "failed": len(failures)},

@@ -155,6 +155,19 @@ def test_artifacts_and_measurements_are_laid_out(tiny_pipeline: TinyRun) -> None
             else:
                 assert not (more / m).exists() and (m in interim["accepted"] or len(reps) == wanted["at_most"])
             assert [r["replicate"] for r in reps] == list(range(1, len(reps) + 1))
+    # where the trainings part, for exactly the planned models: each replicate against its run as the replicates
+    # stage measured it, a step for each two replicates, and the runs' pairs as training parity records them
+    validation = json.loads((root / paths.VALIDATION).read_text())
+    assert [r["model"] for r in validation["parting"]] == [m for m in MODELS if m in planned]
+    for record in validation["parting"]:
+        m = record["model"]
+        for f in FRAMEWORKS:
+            run = next(x for x in validation["runs"] if (x["model"], x["framework"]) == (m, f))
+            steps = [r["parts_from_run_at_step"] for r in run["replicates"]]
+            n = len(steps)
+            assert record["within"][f]["run"] == steps and len(record["within"][f]["replicates"]) == n * (n - 1) // 2
+        assert record["across"] == {t["frameworks"]: t["parting_step"] for t in validation["training_parity"]
+                                    if t["model"] == m}
     assert sorted(p.name for p in (root / paths.INIT).iterdir()) == sorted(f"{m}.safetensors" for m in MODELS)
     for f in FRAMEWORKS:
         assert sorted(p.name for p in (root / paths.framework_dir(f)).iterdir()) == sorted(MODELS)

@@ -225,6 +225,12 @@ POOLED_NULL = {"method": "pooled_permutation", "test": "cnn test_loss_rel torch|
                "p_value": 0.054, "floor": 1e-4, "permutations": 9999, "groups": {"torch": 6, "tf": 6, "jax": 6},
                "threshold": 0.05, "holm_family": 1}
 
+# Where cnn's trainings part within each framework (validate's parting_record): torch's replicates part from its run
+# before its runs part from the others, tf's after them or never.
+PARTING = {"model": "cnn", "steps": 600,
+           "within": {"torch": {"run": [37, 40], "replicates": [52]}, "tf": {"run": [450, None], "replicates": [480]},
+                      "jax": {"run": [300, 520], "replicates": [390]}}}
+
 
 def _validation(failing: bool, models: list[str]) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
@@ -268,6 +274,8 @@ def _validation(failing: bool, models: list[str]) -> dict[str, Any]:
     failed = sum(not r["passed"] for r in rows)
     return {"passed": failed == 0, "checks": rows, "training_parity": parity, "running_statistics": statistics,
             "taps": [_taps(model, failing) for model in models],
+            "parting": [{**PARTING, "across": {pair: PARTED.get(("cnn", pair)) for pair in PAIRS}}
+                        for model in models if model == "cnn"],
             "summary": {"checks": len(rows), "failed": failed}}
 
 

@@ -202,8 +202,10 @@ def test_report_has_every_section_and_figure(passing: Path) -> None:
     html = (passing / "report.html").read_text()
     for section in SECTIONS:
         assert f'id="{section}"' in html and f'href="#{section}"' in html
-    # Figures: per model loss curves, parity heat map, taps and op histogram; all inline PNG. No latency chart.
-    assert len(re.findall(r'<img src="data:image/png;base64,', html)) == 4 * len(MODELS)
+    # Figures: per model loss curves, parity heat map, taps and op histogram, and where cnn's trainings part; all
+    # inline PNG. No latency chart.
+    assert len(re.findall(r'<img src="data:image/png;base64,', html)) == 4 * len(MODELS) + 1
+    assert 'alt="cnn where the trainings part"' in html
     for model in MODELS:
         assert f'id="taps-{model}"' in html and f'alt="{model} max abs error along the taps"' in html
     assert "<link" not in html and not re.search(r'(src|href)="(https?:)?//', html)
