@@ -115,11 +115,12 @@ def steady_samples_per_second(result: TrainResult, job: Job) -> float | None:
     return job.plan.steps_per_epoch * job.plan.batch_size / statistics.median(steady) if steady else None
 
 
-def replicate_start(job: Job, replicate: int) -> tuple[Weights, TrainPlan, str]:
-    """What replicate `replicate` (1, 2, ...) of a job is, in one place: its init moved by one ulp
-    (rosetta_common.weights.perturbed), its plan with each batch's rows in their own order (TrainPlan.replicate),
-    and a description of both."""
-    init, moved = perturbed(job.init, replicate)
+def replicate_start(job: Job, replicate: int, ulps: int = 1, stream: str = "") -> tuple[Weights, TrainPlan, str]:
+    """What replicate `replicate` (1, 2, ...) of a job is, in one place: its init moved by `ulps` ulps with signs of
+    `stream`'s own (rosetta_common.weights.perturbed: one ulp alike in every framework, the lockstep window's;
+    replicates.ulps with the group's name, the end-of-training replicates'), its plan with each batch's rows in
+    their own order (TrainPlan.replicate), and a description of both."""
+    init, moved = perturbed(job.init, replicate, ulps, stream)
     return init, job.plan.replicate(replicate), f"{moved}; each batch's rows in the order of replicate {replicate}"
 
 
@@ -168,7 +169,8 @@ def replicates_stage(stage: str, fw: str, models: list[str], spec: Spec, clock: 
 
         started = time.time()
         with clock.phase(f"{job.arch}.replicates"):
-            replicates(backend, spec, job, job.data, out / job.arch, where, fit, own, wanted, after(job.arch))
+            replicates(backend, spec, job, job.data, out / job.arch, where, fit, own, wanted, after(job.arch),
+                       group=fw)
         print(f"{where}: done in {time.time() - started:.1f}s", flush=True)
 
 
@@ -190,9 +192,10 @@ def rebuilt(backend: ModuleType, job: Job, model: Any, init: Weights) -> Any:
 
 def replicates(backend: ModuleType, spec: Spec, job: Job, data: Dataset, out: Path | None, where: str,
                fit: Callable[[int, Weights, TrainPlan], tuple[Any, TrainResult]], own: Sequence[float],
-               wanted: int, after: tuple[int, int] = (0, 0)) -> None:
+               wanted: int, after: tuple[int, int] = (0, 0), *, group: str) -> None:
     """The measured null's end-of-training replicates (params.yaml `replicates`): the same training from the init
-    moved by one ulp with each batch's rows in their own order (replicate_start), replicates 1, 2, ... each trained
+    moved by replicates.ulps, signs of the null group's own (`group`: "torch", "torch-dp", a TPU's), with each
+    batch's rows in their own order (replicate_start), replicates 1, 2, ... each trained
     by `fit(i, init, plan)` (a single process, or every worker of a data-parallel run: the step losses are the
     global batch's, so every worker stops at the same one) until `wanted` of them have parted from the run (`own`:
     its step losses; rosetta_common.metrics.parting_step at tolerances.lockstep_loss_rel) or `replicates.at_most`
@@ -207,8 +210,8 @@ def replicates(backend: ModuleType, spec: Spec, job: Job, data: Dataset, out: Pa
     for i in range(trained_before + 1, settings.at_most + 1):
         if parted >= wanted:
             break
-        backend.configure(spec.seed)  # as the run itself started: only the ulp and the rows' order differ
-        init, train_plan, moved = replicate_start(job, i)
+        backend.configure(spec.seed)  # as the run itself started: only the ulps and the rows' order differ
+        init, train_plan, moved = replicate_start(job, i, settings.ulps, group)
         model, result = fit(i, init, train_plan)
         check_training(result, job.plan, f"{where} replicate {i}")
         step = parting_step(result.step_losses, own, tol)

@@ -72,7 +72,7 @@ def main(argv: list[str]) -> int:
                     replicates(backend, spec, job, job.data, run, where,
                                lambda _, init, plan, job=job: backend.train_data_parallel(job.config, init, plan,
                                                                                           job.data, cluster),
-                               result.step_losses, spec.replicates.parted)
+                               result.step_losses, spec.replicates.parted, group=f"{fw}-dp")
             if run is None:
                 continue
             measurements.write(job.arch, f"{fw}-dp", {

@@ -110,8 +110,9 @@ def train_replicates(backend: Any, spec: Any, job: Any, clock: Any) -> float:
 
     started = time.time()
     with clock.phase(f"{job.arch}.replicates"):
+        # every one at once (the judge of a TPU run has no interim look), signs of the TPU group's own
         replicates(backend, spec, job, job.data, paths.run_dir(job.arch, "jax"), where, fit, own,
-                   spec.replicates.parted)  # every one at once: the judge of a TPU run has no interim look
+                   spec.replicates.parted, group="jax-tpu")
     seconds = time.time() - started
     print(f"{where}: replicates done in {seconds:.1f}s", flush=True)
     return seconds

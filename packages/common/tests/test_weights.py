@@ -127,22 +127,26 @@ def test_reference_forward_pieces():
         np.testing.assert_allclose(forward(c, w, images[1:2]), logits[1:2], rtol=0, atol=1e-12)
 
 
-@pytest.mark.parametrize("arch", ["cnn", "resnet"])
-def test_a_replicate_moves_every_nonzero_trainable_weight_by_one_ulp(arch: str) -> None:
-    """The null's replicates (params.yaml replicates): every nonzero trainable element one float32 step away, in
-    both directions, exact zeros and statistics untouched (a zero's neighbours are denormals, which TF and XLA
-    flush and torch keeps); the same for the same replicate, other signs for another."""
+@pytest.mark.parametrize(("arch", "ulps"), [("cnn", 1), ("resnet", 1), ("cnn", 16)])
+def test_a_replicate_moves_every_nonzero_trainable_weight_by_its_ulps(arch: str, ulps: int) -> None:
+    """The null's replicates (params.yaml replicates): every nonzero trainable element `ulps` float32 steps away (one
+    for the lockstep window's, replicates.ulps for the end-of-training ones), in both directions, exact zeros and
+    statistics untouched (a zero's neighbours are denormals, which TF and XLA flush and torch keeps); the same for
+    the same replicate, other signs for another, the same signs whatever the distance."""
     init = init_weights(config(arch), seed=0)
-    first, _ = perturbed(init, 1)
-    again, _ = perturbed(init, 1)
-    second, _ = perturbed(init, 2)
+    first, moved = perturbed(init, 1, ulps)
+    again, _ = perturbed(init, 1, ulps)
+    second, _ = perturbed(init, 2, ulps)
+    one, _ = perturbed(init, 1)
+    assert moved.startswith(f"every nonzero trainable weight +- {ulps} ulp")
     for name, value in init.items():
         if is_statistic(name):
             assert np.array_equal(first[name], value), name
             continue
         steps = np.abs(first[name].view(np.int32).astype(np.int64) - value.view(np.int32).astype(np.int64))
         zero = value == 0
-        assert (steps[~zero] == 1).all() and (steps[zero] == 0).all(), name
+        assert (steps[~zero] == ulps).all() and (steps[zero] == 0).all(), name
+        assert np.array_equal(np.sign(first[name] - value), np.sign(one[name] - value)), name
         assert first[name].dtype == value.dtype and np.array_equal(first[name], again[name]), name
         if zero.all():
             continue  # a zero-initialised bias: nothing to move
@@ -151,3 +155,17 @@ def test_a_replicate_moves_every_nonzero_trainable_weight_by_one_ulp(arch: str) 
         assert not np.array_equal(first[name], second[name]) or up.size == 1, name
     with pytest.raises(ValueError):
         perturbed(init, 0)
+    with pytest.raises(ValueError):
+        perturbed(init, 1, 0)
+
+
+def test_each_null_group_draws_its_own_signs() -> None:
+    """The end-of-training replicates' groups ("torch", "tf", ...) move replicate i each its own way, the same way
+    every time; without a group (the lockstep window's) replicate i moves alike in every framework."""
+    init = init_weights(config("cnn"), seed=0)
+    name = next(n for n, v in init.items() if not is_statistic(n) and (v != 0).sum() > 100)
+    signs = {group: np.sign(perturbed(init, 1, 16, group)[0][name] - init[name]) for group in ("torch", "tf", "")}
+    assert np.array_equal(signs["torch"], np.sign(perturbed(init, 1, 16, "torch")[0][name] - init[name]))
+    assert not np.array_equal(signs["torch"], signs["tf"])
+    assert np.array_equal(signs[""], np.sign(perturbed(init, 1, 16)[0][name] - init[name]))
+    assert "derive_seed(1, 'torch')" in perturbed(init, 1, 16, "torch")[1]

@@ -267,15 +267,19 @@ class TolerancesSpec(_Section):
 
 class ReplicatesSpec(_Section):
     """The measured null of chaotic training: replicate i of a model starts from the shared init with every
-    nonzero weight moved by one ulp (rosetta_common.weights.perturbed) and orders each batch's rows its own way
-    (TrainPlan.replicate), the same experiment in every framework. train_export trains `count` of them through the
-    lockstep window for every model (the lockstep checks' null); the replicates stage trains them to the end only
+    nonzero weight moved (rosetta_common.weights.perturbed) and orders each batch's rows its own way
+    (TrainPlan.replicate), the same experiment in every framework. train_export trains `count` of them, moved by one
+    ulp, through the lockstep window for every model (the lockstep checks' null: rounding in those steps); the
+    replicates stage trains them, moved by `ulps`, to the end only
     for the models whose runs part beyond a float32 bound (artifacts/null_plan.json), per framework until `first`
     have parted from its run; the replicates_more stage adds more, until `parted` have, only for the models whose
     interim test is at most `futility` (artifacts/null_interim.json); neither trains more than `at_most`
     (docs/judge.md, 'The measured null')."""
 
     count: Annotated[int, Field(ge=0, le=50)] = 5
+    # How far an end-of-training replicate's init moves (float32 steps, every nonzero trainable weight): far enough
+    # that replicates part from their run as early as the frameworks' runs part from each other (docs/judge.md).
+    ulps: Annotated[int, Field(ge=1, le=256)] = 1
     first: Annotated[int, Field(ge=1, le=50)] = 2
     # The interim look's futility boundary: a model every one of whose tests gives p above it with `first` parted
     # replicates a framework is accepted there; stopping only to accept keeps the error rate at null_alpha.
