@@ -50,7 +50,8 @@ def test_html_renders_offline_in_headless_chromium(failing: Path, tmp_path: Path
     assert page["title"] == "Rosetta: artifact comparison report"
     # No console error, uncaught exception or failed load, but the absent measurements file's.
     assert [e for e in page["errors"] if not _timings_js_missing(e)] == [], page["errors"]
-    assert len(page["images"]) == 4 * len(MODELS)  # loss curves, parity heat map, taps, op histogram
+    # loss curves, parity heat map, taps, op histogram; and where cnn's trainings part (the one model with replicates)
+    assert len(page["images"]) == 4 * len(MODELS) + 1
     assert all(img["complete"] and img["width"] > 0 for img in page["images"]), page["images"]
     # Only the file itself, its inline images and the measurements script: the report opens with no network.
     assert page["requests"] and all(url.startswith(("file://", "data:")) for url in page["requests"]), page["requests"]
