@@ -50,8 +50,8 @@ TINY = {
     # (params.yaml's); the look sends the cnn on (it trains data-parallel too), parted: 4 in all, so that a
     # data-parallel test's two groups of 5 (the run and its 4 parted replicates each side) allow p down to 1/126,
     # below Holm's first threshold in a family of up to 6 (groups of 4 allow 1/35: no rejection at all in a
-    # family of 2); the three single-process groups of 5, p down to 1e-4. at_most 30: the data-parallel cnn
-    # replicates part from their run about one time in four (3 of 9 to 3 of 12 on an Intel Xeon).
+    # family of 2); the three single-process groups of 5, p down to 1e-4. at_most 30: a cap far above the 4, for
+    # a replicate that ends in lockstep with its run counts for nothing.
     # models: cnn alone, the one model whose runs part in TINY (torch|tf at step 37): every other model keeps the
     # strict end-of-training bounds (test_planted_porting_bugs' learning-rate plant in mlp meets them).
     "replicates": {"count": 5, "parted": 4, "at_most": 30, "models": ["cnn"]},
