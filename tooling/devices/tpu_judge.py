@@ -8,10 +8,11 @@ TPU's, the native reloads, the accuracy floor (on the median with the TPU's repl
 framework (training_parity, lockstep_checkpoints, running_statistics): strict while the runs are in lockstep,
 after parting the measured null of both sides' end-of-training replicates, Holm over the run. The TPU's own are
 trained on the TPU beside its run (in its run folder) for every model of params.yaml's replicates.models; a CPU
-run's are the replicates stage's (artifacts/replicates/<framework>/<model>/), for the models
-artifacts/null_plan.json names (none where it is missing). Each is tied to its run by the digest of the run's step
-losses. The lockstep checkpoints are strict at the TPU bounds: the TPU's lockstep replicates' states (210 MB for
-attention) stay on the host, so no null judges there.
+run's are the replicates stages' (artifacts/replicates/<framework>/<model>/, then artifacts/replicates_more/), for
+the models artifacts/null_plan.json names (none where it is missing), then those tooling/devices/tpu_null.py
+trained on where the TPU run's tests need more (artifacts/jax@tpu-null/). Each is tied to its run by the digest of
+the run's step losses. The lockstep checkpoints are strict at the TPU bounds: the TPU's lockstep replicates' states
+(210 MB for attention) stay on the host, so no null judges there.
 
 The bounds are always those of float32 products (precision `highest`): that is what a port claims. A run that
 multiplied at another precision (tpu.json) fails where its error passes them, and every failing check names the
@@ -44,6 +45,7 @@ from rosetta_common.onnx_conventions import violations
 from rosetta_common.spec import Spec, load_spec
 from rosetta_common.training import plan
 from tooling.devices.tpu_bounds import CLAIMED, subject_name, tolerances_for
+from tooling.devices.tpu_null import null_dir
 
 
 def intact(ledger: Ledger, arch: str, subject: str, record: dict[str, Any]) -> dict[str, Any] | None:
@@ -154,9 +156,28 @@ def cpu_run(arch: str, fw: str, data: Dataset, planned: tuple[list[str], list[st
     except (OSError, KeyError, ValueError):
         return None
     reps = replicates_of(Ledger(), arch, fw, None, at_most, arch in planned[1]) if arch in planned[0] else None
+    reps = with_tpu_null(arch, fw, reps)
     return {"test_accuracy": accuracy(logits, data.test_labels),
             "test_loss": softmax_cross_entropy(logits, data.test_labels),
             "test_predictions": np.argmax(logits, axis=1), "replicates": reps}
+
+
+def with_tpu_null(arch: str, fw: str, reps: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """A CPU run's replicates, then those tooling/devices/tpu_null.py trained on for a TPU run's judgement
+    (artifacts/jax@tpu-null/<framework>/<model>/, numbered on from the replicates stages'); `reps` as it was where
+    there are none. Unreadable ones, or ones that do not follow on without a gap, stop the judgement (one line)."""
+    folder = null_dir(fw) / arch
+    if not (folder / paths.REPLICATES_RECORD).exists():
+        return reps
+    rest = replicates_of(Ledger(), arch, fw, folder)
+    if rest is None:
+        raise SystemExit(f"error: {folder}: unreadable, or trained from another run: train it again "
+                         "(tooling/devices/tpu_null.py)")
+    numbers = [r["replicate"] for r in (reps or []) + rest]
+    if numbers != list(range(1, len(numbers) + 1)):
+        raise SystemExit(f"error: {folder}: replicates {numbers}: they must follow on from the replicates stages' "
+                         "without a gap: train it again (tooling/devices/tpu_null.py)")
+    return (reps or []) + rest
 
 
 def step_seconds(record: Path, steps_per_epoch: int) -> float | None:
