@@ -167,7 +167,8 @@ def with_tpu_null(arch: str, fw: str, reps: list[dict[str, Any]] | None) -> list
     (artifacts/jax@tpu-null/<framework>/<model>/, numbered on from the replicates stages'); `reps` as it was where
     there are none. Unreadable ones, or ones that do not follow on without a gap, stop the judgement (one line)."""
     folder = null_dir(fw) / arch
-    if not (folder / paths.REPLICATES_RECORD).exists():
+    if not (folder / paths.REPLICATES_RECORD).exists() or not read_json(folder / paths.REPLICATES_RECORD).get(
+            "replicates", True):  # none there, or none trained (the stages had trained replicates.at_most)
         return reps
     rest = replicates_of(Ledger(), arch, fw, folder)
     if rest is None:
