@@ -66,7 +66,7 @@ PARITY_COSTS = {
     },
     "tf": {
         "*": "TorchAdam (torch's Adam: float64 bias corrections, epsilon after them) instead of keras Adam; the "
-             "StepLoss metric and a per-step callback (every step's loss, not fit's running mean), a per-step sync",
+             "StepLoss metric (every step's loss, not fit's running mean: a row per step, read once an epoch)",
         "resnet": "fit on the training twin (rosetta_tf.models.training_view), the shared dropout mask a second "
                   "input from the tf.data stream, multiplied into the pooled features, instead of Keras' Dropout",
     },

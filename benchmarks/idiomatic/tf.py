@@ -2,8 +2,9 @@
 model.fit(x, y, batch_size, shuffle=True) on numpy arrays, every other argument at its default.
 
 The defaults are what the Keras guides use: jit_compile="auto" (on a CPU-only machine Keras resolves it to
-False; with a GPU, to XLA) and steps_per_execution=1. verbose=0 so that a progress bar's printing is not
-timed; a callback with epoch hooks only reads the clock (no per-step hook, so no per-step sync).
+False; with a GPU, to XLA) and steps_per_execution=1 (our train() runs an epoch per call). verbose=0 so that a
+progress bar's printing is not timed; a callback with epoch hooks only reads the clock (no per-step hook, so no
+per-step sync).
 
 The model fit trains is the inference model our build() returns (not rosetta_tf's training twin): fit runs it
 with training=True, so its own Dropout (resnet) draws from Keras' seed generator and its BatchNormalization
@@ -26,16 +27,12 @@ from rosetta_common.onnx_conventions import INPUT_NAME
 from rosetta_common.spec import AdamSpec, ModelConfig, SGDSpec
 from rosetta_common.training import TrainPlan, dropout_masks
 
-STEPS_PER_EXECUTION = 16
-TRICKS = {
-    "steps_per_execution": f"compile(steps_per_execution={STEPS_PER_EXECUTION}): {STEPS_PER_EXECUTION} steps per "
-                           "tf.function call (our train() keeps 1: every step's loss must be seen)",
-}
+TRICKS: dict[str, str] = {}  # Keras' steps_per_execution, the one trick the guides name, our train() uses too
 PARITY = {
     "torch_adam": "rosetta_tf's TorchAdam instead of keras.optimizers.Adam (torch's formula: epsilon after the "
                   "bias corrections, computed in float64)",
-    "step_loss": "every step's loss: rosetta_tf's StepLoss metric (the last batch's loss, not fit's running mean) "
-                 "read by a per-step callback (a host sync after every step)",
+    "step_loss": "every step's loss: rosetta_tf's StepLoss metric (a row per step, not fit's running mean) over an "
+                 "epoch per compiled call (steps_per_execution), read once an epoch by a callback",
     "shared_masks": "resnet: fit on rosetta_tf's training twin (training_view), the dropout mask drawn in common "
                     "(rosetta_common.training.dropout_masks) as its second input, multiplied into the pooled "
                     "features, instead of Keras' Dropout drawing its own (here one mask per sample, the same each "
@@ -60,14 +57,15 @@ class _EpochClock(keras.callbacks.Callback):
 
 
 class _StepLosses(keras.callbacks.Callback):
-    """The step_loss variant: reads every step's loss as rosetta_tf.train's callback does."""
+    """The step_loss variant: reads every step's loss from StepLoss's rows, once a compiled call, as rosetta_tf.train's
+    callback does."""
 
     def __init__(self) -> None:
         super().__init__()
         self.step_losses: list[float] = []
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        self.step_losses.append(float(np.float32((logs or {})["step_loss"])))
+        self.step_losses += np.asarray((logs or {})["step_loss"], np.float32).tolist()
 
 
 def sample_masks(config: ModelConfig, samples: int, batch_size: int, optimizer: AdamSpec | SGDSpec, seed: int
@@ -99,12 +97,11 @@ def train(model: keras.Model, data: Dataset, batch_size: int, optimizer: AdamSpe
     options: dict[str, Any] = {}
     clock = _EpochClock()
     callbacks: list[keras.callbacks.Callback] = [clock]
-    if variant == "steps_per_execution":
-        options["steps_per_execution"] = STEPS_PER_EXECUTION
-    elif variant == "step_loss":
+    if variant == "step_loss":
         from rosetta_tf.train import StepLoss
 
-        options["metrics"] = [StepLoss()]
+        steps = -(-len(data.train_labels) // batch_size)  # fit keeps the last partial batch
+        options.update(metrics=[StepLoss(steps)], steps_per_execution=steps)
         callbacks.append(_StepLosses())
     trainer, inputs = model, data.train_inputs
     if variant == "shared_masks":

@@ -31,6 +31,7 @@ from rosetta_tf.train import (
     make_optimizer,
     restart,
     run_optimizer,
+    segments,
     xla_step,
 )
 
@@ -77,17 +78,32 @@ def test_adam_bias_corrections_round_like_torch() -> None:
     np.testing.assert_array_equal(ours, ref)
 
 
-def test_step_loss_is_the_last_batch_not_a_running_mean() -> None:
+def test_step_loss_rows_are_each_steps_loss_not_a_running_mean() -> None:
+    """Row i is the i-th step's loss since the last reset (one call of fit's loop), bitwise; a reset starts at row 0."""
     rng = np.random.default_rng(1)
     # Logits of growing scale, so the three batches' losses differ clearly.
     batches = [(rng.integers(0, 10, 16), (rng.normal(size=(16, 10)) * 3.0**i).astype(np.float32)) for i in range(3)]
-    metric, loss = StepLoss(), make_loss()
+    metric, loss = StepLoss(3), make_loss()
     for labels, logits in batches:
         metric.update_state(labels, logits)
-    last = float(loss(*batches[-1]))
-    mean = float(np.mean([float(loss(*b)) for b in batches]))
-    assert float(metric.result()) == last  # bitwise: the same loss object on the same batch
-    assert abs(last - mean) > 0.1  # the batches differ, so a running mean would be caught
+    each = [float(loss(*b)) for b in batches]
+    assert np.asarray(metric.result()).tolist() == each  # bitwise: the same loss object on the same batches
+    assert abs(each[-1] - float(np.mean(each))) > 0.1  # the batches differ, so a running mean would be caught
+    metric.reset_state()
+    metric.update_state(*batches[1])
+    assert np.asarray(metric.result())[0] == np.float32(each[1])
+
+
+def test_segments_end_a_fit_call_at_each_hook_step_and_each_epoch() -> None:
+    """The hook's steps and every epoch's end are ends of fit calls (the variables hold that step's state, the clock
+    is read there); after the last hook step's epoch, one call runs to the end."""
+    whole = plan(small_spec(epochs=3), "mlp", 64)
+    spe = whole.steps_per_epoch
+    assert segments(whole, ()) == [3 * spe]
+    assert segments(whole, {1, 2}) == [1, 2, spe, 3 * spe]
+    assert segments(whole, {spe + 1}) == [spe, spe + 1, 2 * spe, 3 * spe]
+    assert segments(whole, {3 * spe, 40 * spe}) == [spe, 2 * spe, 3 * spe]
+    assert segments(whole.truncated(2), {1, 2}) == [1, 2]
 
 
 def _plain_loop(model: keras.Model, train_plan: TrainPlan, data: Dataset) -> list[float]:

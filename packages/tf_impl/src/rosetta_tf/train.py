@@ -10,15 +10,18 @@ Parity with the other frameworks needs three things Keras does not give by defau
 - BatchNorm in training mode: fit runs the model with training=True, so each step normalizes with its
   batch's statistics and moves the running statistics by the spec's convention (models.batchnorm);
 - the exact float32 loss of every step: Keras' logs["loss"] is a running mean over the epoch, so the
-  StepLoss metric keeps the last batch's loss, computed with the very loss object fit differentiates.
-On a CPU the step is compiled by XLA (`xla_step`), as JAX's is.
+  StepLoss metric keeps each batch's loss, computed with the very loss object fit differentiates.
+On a CPU the step is compiled by XLA (`xla_step`), as JAX's is. fit runs a whole epoch per call of its compiled loop
+(steps_per_execution): StepLoss writes each step's loss into a row of its own, read once a call, so training does not
+return to Python between steps; a StepHook's steps end one fit call each (`segments`).
 """
 
 from __future__ import annotations
 
+import itertools
 import time
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from typing import Any
 
 import keras
@@ -150,50 +153,73 @@ def make_loss() -> keras.losses.Loss:
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
 class StepLoss(keras.metrics.Metric):
-    """The loss of the latest batch (not a running mean), with the same loss object as compile's loss."""
+    """Every step's loss (not a running mean) of one call of fit's compiled loop, which runs up to `steps` steps
+    (steps_per_execution): the call's i-th step writes row i, with the same loss object as compile's loss. Rows
+    count from the last reset (fit resets metrics at each epoch's start), so each call starts at row 0."""
 
-    def __init__(self, name: str = "step_loss", **kwargs: Any) -> None:
+    def __init__(self, steps: int = 1, name: str = "step_loss", **kwargs: Any) -> None:
         super().__init__(name=name, **kwargs)
+        self.steps = int(steps)
         self.loss_fn = make_loss()
-        self.value = self.add_variable(shape=(), initializer="zeros", name="value")
+        self.values = self.add_variable(shape=(self.steps,), initializer="zeros", name="values")
+        self.seen = self.add_variable(shape=(), initializer="zeros", dtype="int32", name="seen")
 
     def update_state(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
-        self.value.assign(self.loss_fn(y_true, y_pred))
+        row = ops.reshape(self.seen % self.steps, (1, 1))
+        loss = ops.reshape(self.loss_fn(y_true, y_pred), (1,))
+        self.values.assign(ops.scatter_update(self.values, row, loss))
+        self.seen.assign(self.seen + 1)
 
     def result(self) -> Any:
-        return self.value
+        return ops.convert_to_tensor(self.values)
 
     def reset_state(self) -> None:
-        self.value.assign(0.0)
+        self.values.assign(np.zeros(self.steps, np.float32))
+        self.seen.assign(0)
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "steps": self.steps}
 
 
 class _Record(keras.callbacks.Callback):
-    """Collects every step's loss and each epoch's wall time, and drives one tqdm bar over all steps; calls
-    `hook` with `model` (the inference model, whose variables the trained one shares) after the hook's steps."""
+    """Collects every step's loss, a call of fit's loop at a time (StepLoss's rows), and the wall time at the end of
+    each call; drives one tqdm bar over all of train()'s fit calls."""
 
-    def __init__(self, total_steps: int, desc: str, hook: StepHook | None = None, model: Any = None) -> None:
+    def __init__(self, total_steps: int, desc: str) -> None:
         super().__init__()
-        self.hook, self.inference_model = hook, model
         self.step_losses: list[float] = []
-        self.epoch_seconds: list[float] = []
-        self._epoch_start = 0.0
+        self.clock: dict[int, float] = {0: time.perf_counter()}  # steps done -> when
+        self.fit_steps = self.fit_done = 0
         self.bar = tqdm(total=total_steps, desc=desc, unit="step", leave=False)
 
-    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        self._epoch_start = time.perf_counter()
+    def start(self, steps: int) -> None:
+        """The next fit call runs `steps` steps."""
+        self.fit_steps, self.fit_done = steps, 0
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        self.step_losses.append(float(np.float32((logs or {})["step_loss"])))
-        self.bar.update(1)
-        if self.hook is not None:
-            self.hook(len(self.step_losses), self.inference_model)
+        # `batch`: the last step fit's call was given, counted from the fit's first; the fit's last call may run fewer.
+        done = min(batch + 1, self.fit_steps)
+        rows = np.asarray((logs or {})["step_loss"], np.float32)[:done - self.fit_done]
+        self.step_losses += [float(v) for v in rows]
+        self.fit_done = done
+        self.clock[len(self.step_losses)] = time.perf_counter()
+        self.bar.update(len(rows))
+        self.bar.set_postfix(loss=f"{self.step_losses[-1]:.4f}")
 
-    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        self.epoch_seconds.append(time.perf_counter() - self._epoch_start)
-        self.bar.set_postfix(epoch=epoch + 1, loss=f"{self.step_losses[-1]:.4f}")
+    def epoch_seconds(self, steps_per_epoch: int, epochs: int) -> list[float]:
+        """Each epoch's wall time: every epoch ends a call of fit's loop (`segments`)."""
+        ends = [self.clock[e * steps_per_epoch] for e in range(epochs + 1)]
+        return [b - a for a, b in itertools.pairwise(ends)]
 
-    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
-        self.bar.close()
+
+def segments(plan: TrainPlan, hook_steps: Collection[int]) -> list[int]:
+    """The step at which each of train()'s fit calls ends: each hook step (the variables then hold that step's
+    state) and each epoch's end through the first at or after the last hook step; from there one call runs to the
+    end, its compiled loop an epoch a call. Every epoch's end is then a call's end, where time is read."""
+    spe, n = plan.steps_per_epoch, plan.num_steps
+    hooked = [s for s in hook_steps if 1 <= s <= n]
+    through = min(-(-max(hooked, default=0) // spe) * spe, n)
+    return sorted({*hooked, *range(spe, through + 1, spe), n})
 
 
 def check_inputs(config: ModelConfig, data: Dataset) -> None:
@@ -203,10 +229,11 @@ def check_inputs(config: ModelConfig, data: Dataset) -> None:
 
 
 def plan_batches(plan: TrainPlan, data: Dataset, masks: np.ndarray | None = None,
-                 rows: slice = slice(None)) -> tf.data.Dataset:
+                 rows: slice = slice(None), steps: slice = slice(None)) -> tf.data.Dataset:
     """All epochs' batches, in the plan's order, as one tf.data stream; with `masks` (num_steps, batch,
     features), step s also carries masks[s], and the inputs are the training model's dict. `rows`: only
-    these rows of every batch and of its mask (a data-parallel worker's share; default all).
+    these rows of every batch and of its mask (a data-parallel worker's share; default all). `steps`: only
+    these steps (0-based; default all).
 
     The gather runs inside tf.data so fit never goes back to Python for data.
     """
@@ -215,19 +242,20 @@ def plan_batches(plan: TrainPlan, data: Dataset, masks: np.ndarray | None = None
     # Images float32, token ids int64 (rosetta_common.data); the gathered batches are what the model's input takes.
     dtype = tf.int64 if np.asarray(data.train_inputs).dtype.kind in "iu" else tf.float32
     images, labels = tf.constant(data.train_inputs, dtype), tf.constant(data.train_labels, tf.int64)
-    batches = plan.all_batches()[:, rows]
+    batches = plan.all_batches()[steps, rows]
     if masks is None:
         ds = tf.data.Dataset.from_tensor_slices(batches)
         return ds.map(lambda idx: (tf.gather(images, idx), tf.gather(labels, idx))).prefetch(2)
-    ds = tf.data.Dataset.from_tensor_slices((batches, masks[:, rows]))
+    ds = tf.data.Dataset.from_tensor_slices((batches, masks[steps, rows]))
     return ds.map(lambda idx, mask: ({INPUT_NAME: tf.gather(images, idx), MASK_INPUT: mask},
                                      tf.gather(labels, idx))).prefetch(2)
 
 
-# Trainer -> the optimizer spec it was compiled with. Tracing fit's step costs seconds a model (more than training
-# most of them on digits), and a new compile traces again: a model trained again (a replicate, its weights put
-# back by from_canonical) keeps its compiled step, its optimizer restarted instead of rebuilt.
-_COMPILED: weakref.WeakKeyDictionary[keras.Model, OptimizerSpec] = weakref.WeakKeyDictionary()
+# Trainer -> the optimizer spec and steps per execution it was compiled with. Tracing fit's step costs seconds a
+# model (more than training most of them on digits), and a new compile traces again: a model trained again (a
+# replicate, its weights put back by from_canonical) keeps its compiled step, its optimizer restarted instead of
+# rebuilt.
+_COMPILED: weakref.WeakKeyDictionary[keras.Model, tuple[OptimizerSpec, int]] = weakref.WeakKeyDictionary()
 
 
 def restart(optimizer: keras.optimizers.Optimizer) -> None:
@@ -280,14 +308,28 @@ def compile_step(trainer: keras.Model) -> None:
                             f"fit's step cannot be XLA's and would train other bytes (rosetta_tf.train.compile_step)")
 
 
+def build_for_fit(trainer: keras.Model, batch: tuple[Any, Any]) -> None:
+    """Create every variable fit's step uses (the optimizer's slots, the compiled loss's and metrics' states) before
+    fit traces the step, from one batch, in inference mode (BatchNorm's statistics untouched; fit resets the states
+    it filled). Keras defers this to the trace when no distribution strategy is set, and a tf.function that creates
+    variables while traced is traced again: two traces of the step instead of one, 2.7 s of the attention model's
+    first fit call (4.5 s with this, 7.2 without, 2-core AMD EPYC)."""
+    x, y = batch
+    y_pred = trainer(x, training=False)
+    trainer.compute_loss(x, y, y_pred, training=False)
+    trainer.compute_metrics(x, y, y_pred)
+    trainer.optimizer.build(trainer.trainable_variables)
+
+
 def train(model: keras.Model, plan: TrainPlan, data: Dataset, hook: StepHook | None = None) -> TrainResult:
     """Train `model` in place with compile + fit on the plan's batches; every step's loss and each epoch's time.
 
     A model with dropout trains through its training twin (models.training_view: the same layers and
     variables, plus the step's dropout mask as an input); the others train as they are. The model stays in
-    inference mode afterwards: Keras keeps no mode, and predict() calls it with training=False. `hook` runs in
-    a callback after its steps (steps_per_execution=1: the variables hold that step's state). A model trained
-    before with the same optimizer spec trains on its compiled step again (`_COMPILED`), as a fresh build would.
+    inference mode afterwards: Keras keeps no mode, and predict() calls it with training=False. fit runs an epoch
+    per call of its compiled loop; `hook` runs between fit calls, one ending at each of its steps (`segments`), so the
+    variables hold that step's state. A model trained before with the same optimizer spec trains on its compiled
+    step again (`_COMPILED`), as a fresh build would.
     """
     config = model_config(model)
     if plan.arch != config.arch:
@@ -295,21 +337,31 @@ def train(model: keras.Model, plan: TrainPlan, data: Dataset, hook: StepHook | N
     check_inputs(config, data)
     masks = dropout_masks(plan, config)  # None for a model without dropout
     trainer = training_view(model)
-    if _COMPILED.get(trainer) == plan.optimizer:
+    epoch = plan.num_samples // plan.batch_size  # a whole epoch's steps, truncated plan or not: one compile a model
+    if _COMPILED.get(trainer) == (plan.optimizer, epoch):
         restart(trainer.optimizer)  # trained before with this optimizer: fit reuses its traced step
     else:
-        # steps_per_execution=1 so every step's loss is seen; XLA where xla_step says (compile_step: Keras' own
-        # check would refuse it under op determinism).
+        # An epoch per call of fit's compiled loop; XLA where xla_step says (compile_step: Keras' own check would
+        # refuse it under op determinism).
         trainer.compile(optimizer=make_optimizer(model, plan.optimizer, plan.num_steps), loss=make_loss(),
-                        metrics=[StepLoss()], jit_compile=False, steps_per_execution=1)
+                        metrics=[StepLoss(epoch)], jit_compile=False, steps_per_execution=epoch)
         compile_step(trainer)
-        _COMPILED[trainer] = plan.optimizer
-    record = _Record(plan.num_steps, desc=f"tf {plan.arch}", hook=hook, model=model)
-    start = time.perf_counter()
-    trainer.fit(plan_batches(plan, data, masks), epochs=plan.epochs, steps_per_epoch=plan.steps_per_epoch,
-                shuffle=False, verbose=0, callbacks=[record])
-    seconds = time.perf_counter() - start
-    return train_result(plan, record.step_losses, seconds, record.epoch_seconds)
+        build_for_fit(trainer, next(iter(plan_batches(plan, data, masks, steps=slice(0, 1)))))
+        _COMPILED[trainer] = (plan.optimizer, epoch)
+    record = _Record(plan.num_steps, desc=f"tf {plan.arch}")
+    done = 0
+    for end in segments(plan, () if hook is None else hook.steps):
+        record.start(end - done)
+        trainer.fit(plan_batches(plan, data, masks, steps=slice(done, end)), epochs=1, steps_per_epoch=end - done,
+                    shuffle=False, verbose=0, callbacks=[record])
+        if len(record.step_losses) != end:
+            raise TrainingError(f"tf {plan.arch}: fit ran {len(record.step_losses)} steps, {end} expected")
+        if hook is not None:
+            hook(end, model)
+        done = end
+    record.bar.close()
+    seconds = record.clock[plan.num_steps] - record.clock[0]
+    return train_result(plan, record.step_losses, seconds, record.epoch_seconds(plan.steps_per_epoch, plan.epochs))
 
 
 def train_result(plan: TrainPlan, losses: list[float], seconds: float, epoch_seconds: list[float],
