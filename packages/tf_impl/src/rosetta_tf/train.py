@@ -312,8 +312,8 @@ def build_for_fit(trainer: keras.Model, batch: tuple[Any, Any]) -> None:
     """Create every variable fit's step uses (the optimizer's slots, the compiled loss's and metrics' states) before
     fit traces the step, from one batch, in inference mode (BatchNorm's statistics untouched; fit resets the states
     it filled). Keras defers this to the trace when no distribution strategy is set, and a tf.function that creates
-    variables while traced is traced again: two traces of the step instead of one, 2.7 s of the attention model's
-    first fit call (4.5 s with this, 7.2 without, 2-core AMD EPYC)."""
+    variables while traced is traced again: two traces of the step instead of one (the attention model's first fit
+    call takes 4.1 s with this, 7.2 s without, on a 2-core AMD EPYC)."""
     x, y = batch
     y_pred = trainer(x, training=False)
     trainer.compute_loss(x, y, y_pred, training=False)
