@@ -98,24 +98,19 @@ def torch_cpu_index() -> str:
     return os.environ.get("ROSETTA_TORCH_INDEX") or TORCH_CPU_INDEX
 
 
-# Every framework computes with this many CPU threads, whatever the machine has: reductions split across threads
-# round differently (torch on 1 and 2 threads differed by 2.4e-7 in the loss), so bits and parity must not depend
-# on the core count. 2 is the reference machine's; ROSETTA_THREADS changes it (and, with it, the last bits).
+# torch, TF and ONNX Runtime compute with this many CPU threads, whatever the machine has: reductions split across
+# threads round differently (torch on 1 and 2 threads differed by 2.4e-7 in the loss), so bits and parity must not
+# depend on the core count. 2 is the reference machine's; ROSETTA_THREADS changes it (and, with it, the last bits).
+# XLA's pool, JAX's, has one thread per CPU the process may run on (xla_flags).
 DEFAULT_THREADS = 2
 
 
 def thread_environment(base: dict[str, str]) -> dict[str, str]:
-    """The variables that pin every runtime's CPU thread pools (OpenMP for torch, TF's two pools, XLA's Eigen pool;
-    ONNX Runtime sessions read ROSETTA_THREADS themselves)."""
+    """The variables that pin every runtime's CPU thread pools (OpenMP for torch, TF's two pools; ONNX Runtime
+    sessions read ROSETTA_THREADS themselves) and XLA's flags (xla_flags: XLA sizes its pool by the CPUs)."""
     value = base.get("ROSETTA_THREADS", str(DEFAULT_THREADS))
     if not value.isdigit() or int(value) < 1:
         raise SystemExit(f"error: ROSETTA_THREADS={value!r}: must be a whole number of threads, 1 or more")
-    xla = base.get("XLA_FLAGS", "")
-    if "intra_op_parallelism_threads" not in xla:
-        xla = f"{xla} --xla_cpu_multi_thread_eigen=true intra_op_parallelism_threads={value}".strip()
-    # XLA's cap, whatever the caller's XLA_FLAGS say (as every pin below: a cap set elsewhere must not move bytes).
-    xla = " ".join([*(f for f in xla.split() if not f.startswith("--xla_cpu_max_isa")),
-                    f"--xla_cpu_max_isa={ISA_FLOOR}"])
     # MKL (torch's BLAS) by Intel's own rules for reproducible results ("conditional numerical reproducibility"):
     # MKL_DYNAMIC off, so that a call always runs on the threads asked for, and one code path whatever the memory
     # alignment; the code path is the floor's (ISA_PINS). It costs nothing measurable (torch epochs of mlp, cnn
@@ -126,14 +121,27 @@ def thread_environment(base: dict[str, str]) -> dict[str, str]:
     # enable_op_determinism notwithstanding; with oneDNN off (TF's Eigen kernels) every process gave the same bits.
     return {"ROSETTA_THREADS": value, "OMP_NUM_THREADS": value, "MKL_NUM_THREADS": value, "MKL_DYNAMIC": "FALSE",
             "TF_NUM_INTRAOP_THREADS": value, "TF_NUM_INTEROP_THREADS": value, "TF_ENABLE_ONEDNN_OPTS": "0",
-            "XLA_FLAGS": xla, **ISA_PINS}
+            "XLA_FLAGS": xla_flags(base.get("XLA_FLAGS", "")), **ISA_PINS}
+
+
+def xla_flags(caller: str) -> str:
+    """The caller's XLA flags, then Eigen's thread pool on and XLA's instruction-set cap (whatever the caller's
+    flags say, as every pin below: a cap set elsewhere must not move bytes).
+
+    XLA reads XLA_FLAGS up to the first word that is not a `--flag` and silently ignores the rest: the
+    `intra_op_parallelism_threads=N` often quoted for JAX is such a word (no XLA flag of that name exists), and
+    a cap after it is never read. Such words are dropped. XLA has no thread-count flag: its pool has one thread per
+    CPU the process may run on (its affinity), so ROSETTA_THREADS reaches TF's pools, not JAX's."""
+    words = [w for w in caller.split() if w.startswith("--") and not w.startswith(("--xla_cpu_max_isa",
+                                                                                 "--xla_cpu_multi_thread_eigen"))]
+    return " ".join([*words, "--xla_cpu_multi_thread_eigen=true", f"--xla_cpu_max_isa={ISA_FLOOR}"])
 
 
 # Every runtime that picks its kernels by the CPU's instruction sets is held to the floor of the machines this project
 # targets, so that the same code, params, locks and data give the same bytes on any x86-64 CPU with AVX2 (an AVX-512
 # CPU otherwise runs other kernels: other last bits, and training that parts elsewhere). benchmarks/isa_pins.py
 # measures, per runtime, that the switch is read (a cap below the floor changes that framework's bytes) and what the
-# cap costs. XLA's cap is in thread_environment's XLA_FLAGS. ONNX Runtime's MLAS has no such switch: docs/lineage.md
+# cap costs. XLA's cap is in XLA_FLAGS (xla_flags). ONNX Runtime's MLAS has no such switch: docs/lineage.md
 # says which outputs depend on it.
 ISA_FLOOR = "AVX2"
 ISA_PINS = {
@@ -172,10 +180,8 @@ def stage_environment(env: str, env_dir: Path, threads: int | None = None) -> di
         paths.append(REPO_ROOT / ENVIRONMENTS[env].package / "src")
     paths.append(REPO_ROOT)
     base = {k: v for k, v in os.environ.items() if k not in ("PYTHONHOME", "PYTHONPATH")}
-    if threads is not None:  # XLA's pool size too, which thread_environment keeps where the caller set one
-        xla = [f for f in base.get("XLA_FLAGS", "").split()
-               if "intra_op_parallelism_threads" not in f and not f.startswith("--xla_cpu_multi_thread_eigen")]
-        base = {**base, "ROSETTA_THREADS": str(threads), "XLA_FLAGS": " ".join(xla)}
+    if threads is not None:
+        base = {**base, "ROSETTA_THREADS": str(threads)}
     return {
         **base,
         "VIRTUAL_ENV": str(env_dir),

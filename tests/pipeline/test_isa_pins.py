@@ -7,6 +7,7 @@ changes that framework's bytes on a CPU above the floor): that is what makes the
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -31,6 +32,29 @@ def test_every_stage_gets_the_pins_whatever_the_caller_set(monkeypatch: pytest.M
         assert env[name] == value, name
     flags = env["XLA_FLAGS"].split()
     assert [f for f in flags if f.startswith("--xla_cpu_max_isa")] == [f"--xla_cpu_max_isa={ISA_FLOOR}"], flags
+
+
+# A program each XLA framework compiles: XLA dumps, with each module, the debug options it read from XLA_FLAGS.
+COMPILED = {
+    "jax": "import jax, jax.numpy as jnp; jax.jit(lambda x: x * 2)(jnp.ones(3)).block_until_ready()",
+    "tf": "import tensorflow as tf; tf.function(lambda x: x * 2, jit_compile=True)(tf.ones(3)).numpy()",
+}
+
+
+@pytest.mark.parametrize("framework", sorted(COMPILED))
+def test_xla_reads_the_runners_cap_after_a_callers_word_that_ends_its_flags(framework: str, tmp_path: Path) -> None:
+    """XLA stops reading XLA_FLAGS at the first word that is not a --flag (the intra_op_parallelism_threads=N often
+    quoted for JAX is one), so a cap after it would go unread: with such a word in the caller's flags, the options
+    XLA compiled with (its dump's debug options) hold the runner's cap."""
+    caller = f"--xla_dump_to={tmp_path} intra_op_parallelism_threads=1 --xla_cpu_max_isa=AVX"
+    result = subprocess.run([sys.executable, "-m", "pipelines.runner", framework, "--", "python", "-c",
+                             COMPILED[framework]], env={**os.environ, "XLA_FLAGS": caller}, capture_output=True,
+                            text=True, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    read = {path.read_text() for path in tmp_path.glob("*.debug_options")}
+    assert read, f"XLA dumped nothing to {tmp_path}: it did not read the caller's --xla_dump_to"
+    for options in read:
+        assert f'xla_cpu_max_isa: "{ISA_FLOOR}"' in options.splitlines(), options
 
 
 @pytest.fixture(scope="module")

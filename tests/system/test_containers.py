@@ -263,9 +263,9 @@ def test_stage_environment_inside(monkeypatch):
     assert paths == [str(REPO / "packages/common/src"), str(REPO / "packages/torch_impl/src"), str(REPO)]
     assert inside["TF_DETERMINISTIC_OPS"] == "1" and inside["PYTHONHASHSEED"] == "0"
     assert inside["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
-    # The host's XLA flags pass through; the runner adds the pinned thread count (pipelines/environments.py).
+    # The host's XLA flags pass through; the runner adds Eigen's pool switch and the cap (pipelines/environments.py).
     assert inside["XLA_FLAGS"].startswith("--xla_cpu_enable_fast_math=false ")
-    assert "intra_op_parallelism_threads=2" in inside["XLA_FLAGS"]
+    assert "--xla_cpu_multi_thread_eigen=true" in inside["XLA_FLAGS"]
     assert inside["OMP_NUM_THREADS"] == inside["TF_NUM_INTRAOP_THREADS"] == inside["ROSETTA_THREADS"] == "2"
     assert inside["MKL_DYNAMIC"] == "FALSE" and inside["MKL_CBWR"] == "AVX2,STRICT"  # MKL's reproducibility rules
     assert inside["ONEDNN_MAX_CPU_ISA"] == "AVX2" and inside["XLA_FLAGS"].endswith("--xla_cpu_max_isa=AVX2")

@@ -38,16 +38,26 @@ def test_stage_environment_puts_common_and_only_its_framework_on_the_path(tmp_pa
 
 
 def test_a_thread_count_given_sets_every_pool_whatever_the_caller_set(tmp_path, monkeypatch):
-    """A model server runs at its export's thread count: every pool's variable and XLA's flag, even where the
-    caller's XLA_FLAGS named another count."""
+    """A model server runs at its export's thread count: every pool's variable, whatever the caller's."""
     monkeypatch.setenv("ROSETTA_THREADS", "2")
-    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=true intra_op_parallelism_threads=2 --xla_dump_to=x")
     env = runner.stage_environment("jax", tmp_path, threads=3)
     assert [env[k] for k in ("ROSETTA_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "TF_NUM_INTRAOP_THREADS")] \
         == ["3"] * 4
-    assert "intra_op_parallelism_threads=3" in env["XLA_FLAGS"] and "threads=2" not in env["XLA_FLAGS"]
-    assert "--xla_dump_to=x" in env["XLA_FLAGS"]
     assert runner.stage_environment("jax", tmp_path)["ROSETTA_THREADS"] == "2"
+
+
+@pytest.mark.parametrize("caller", ["", "--xla_dump_to=x", "--xla_cpu_multi_thread_eigen=false --xla_dump_to=x",
+                                    "--xla_cpu_multi_thread_eigen=true intra_op_parallelism_threads=2 --xla_dump_to=x",
+                                    "--xla_cpu_max_isa=AVX --xla_dump_to=x"])
+def test_xla_reads_the_cap_and_the_callers_flags_whatever_the_caller_set(tmp_path, monkeypatch, caller):
+    """XLA stops reading XLA_FLAGS at the first word that is not a --flag (intra_op_parallelism_threads=2, no XLA
+    flag, is one): every word is a flag, the caller's own kept, the runner's pool switch and cap last."""
+    monkeypatch.setenv("XLA_FLAGS", caller)
+    words = runner.stage_environment("jax", tmp_path)["XLA_FLAGS"].split()
+    assert all(word.startswith("--") for word in words), words
+    assert words[-2:] == ["--xla_cpu_multi_thread_eigen=true", "--xla_cpu_max_isa=AVX2"]
+    assert ("--xla_dump_to=x" in words) == ("--xla_dump_to=x" in caller)
+    assert sum(word.startswith(("--xla_cpu_max_isa", "--xla_cpu_multi_thread_eigen")) for word in words) == 2
 
 
 @pytest.mark.parametrize(
