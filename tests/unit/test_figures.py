@@ -154,7 +154,7 @@ def test_a_committed_record_is_read_again(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("figure", "says"), [
-    ({"value": 3, "unit": "sec"}, "runs.run.figures.x: unit 'sec' (one of s, checks, tests)"),
+    ({"value": 3, "unit": "sec"}, "runs.run.figures.x: unit 'sec' (one of s, ms, checks, tests)"),
     ({"value": "3", "unit": "s"}, "runs.run.figures.x: value '3' is not a number"),
     ({"value": 3, "unit": "s", "from": "reports/validation.json"}, "runs.run.figures.x: from 'reports/validation"),
 ])

@@ -41,7 +41,7 @@ FIGURES = "docs/figures.yaml"
 DOCS = ("README.md", "CONTRIBUTING.md", "CHANGELOG.md", "tests/README.md", "benchmarks/README.md",
         "containers/README.md", "docs/*.md")
 RUN_OUTPUTS = ("reports/", "measurements/")  # written by a run, ignored by git: only `update` reads them
-UNITS = ("s", "checks", "tests")
+UNITS = ("s", "ms", "checks", "tests")
 # The word after a number in the prose -> the figure's unit and what the seconds are divided by.
 PROSE_UNITS = {"s": ("s", 1), "seconds": ("s", 1), "minute": ("s", 60), "minutes": ("s", 60),
                "checks": ("checks", 1), "passed": ("tests", 1), "tests": ("tests", 1)}
