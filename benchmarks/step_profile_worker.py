@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.cpus import hold_to_thread_count
 from benchmarks.profilers import OpTime, compiled_kinds, kind_of
 from benchmarks.train_throughput_worker import subset
 from rosetta_common.data import load_for
@@ -81,10 +82,7 @@ def main(argv: list[str]) -> int:
     job_path, result_path = (Path(a) for a in argv)
     job = json.loads(job_path.read_text())
     os.environ.update(job["environment"])
-    # XLA's pool has one thread per CPU the process may run on (pipelines/environments.py, xla_flags): the job's
-    # thread count reaches JAX only as the CPUs it may use; torch and TF read it from the runner's variables too.
-    cpus = sorted(os.sched_getaffinity(0))
-    os.sched_setaffinity(0, cpus[: int(os.environ["ROSETTA_THREADS"])])
+    hold_to_thread_count()  # before the framework starts its pools
     dump = Path(job["dump"]) if job["record"] else None
     if dump:  # XLA's optimized programs as text: what each compiled instruction holds (compiled_kinds)
         os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_dump_to={dump} --xla_dump_hlo_as_text"

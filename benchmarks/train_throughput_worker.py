@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.cpus import hold_to_thread_count
 from rosetta_common.data import Dataset, load_prepared
 from rosetta_common.interface import load_backend
 from rosetta_common.spec import ModelConfig, load_spec
@@ -106,6 +107,7 @@ def run_case(backend: Any, idiomatic: Any, spec: Any, case: dict[str, Any], repe
 def main(argv: list[str]) -> int:
     job_path, result_path = (Path(a) for a in argv)
     job = json.loads(job_path.read_text())
+    hold_to_thread_count()  # before the framework starts its pools: JAX's too
     framework = job["framework"]
     spec = load_spec(job["params"])
     started = time.perf_counter()
