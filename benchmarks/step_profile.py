@@ -23,13 +23,13 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.workers import run_worker
 from rosetta_common.io import write_text
 
 REPO = Path(__file__).resolve().parents[1]
@@ -76,17 +76,10 @@ def prepare_data(params: str, root: Path) -> Path:
     return root
 
 
-def run_worker(framework: str, job: dict[str, Any], threads: int, scratch: Path) -> dict[str, Any]:
+def profile_worker(framework: str, job: dict[str, Any], threads: int, scratch: Path) -> dict[str, Any]:
     tag = f"{framework}-{len(list(scratch.glob('*-job.json')))}"
-    job_path, result_path = scratch / f"{tag}-job.json", scratch / f"{tag}-result.json"
-    job_path.write_text(json.dumps({**job, "framework": framework, "dump": str(scratch / f"{tag}-hlo")}))
-    command = [sys.executable, "-m", "pipelines.runner", framework, "--", "python", "-m",
-               "benchmarks.step_profile_worker", str(job_path), str(result_path)]
-    code = subprocess.run(command, cwd=REPO, env={**os.environ, "ROSETTA_THREADS": str(threads)},
-                          check=False).returncode
-    if code != 0 or not result_path.is_file():
-        raise SystemExit(f"error: the {framework} worker exited {code} (its reason is above)")
-    return json.loads(result_path.read_text())
+    return run_worker(framework, "benchmarks.step_profile_worker", {**job, "dump": str(scratch / f"{tag}-hlo")},
+                      threads, scratch, tag)
 
 
 def step_ms(case: dict[str, Any], epochs: slice) -> float:
@@ -169,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         profiles, timed = [], {}
         for framework in args.frameworks:
             print(f"[step_profile] {framework}: recording epoch 2 of {', '.join(args.models)}", file=sys.stderr)
-            profiles.append(run_worker(framework, {**job, "record": True, "epochs": 4, "setting": PIPELINE,
+            profiles.append(profile_worker(framework, {**job, "record": True, "epochs": 4, "setting": PIPELINE,
                                                    "environment": {}}, 2, scratch))
             if args.settings:
                 names = list(SETTINGS[framework])
@@ -177,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
                 for name in names + names[::-1]:
                     threads, environment = SETTINGS[framework][name]
                     print(f"[step_profile] {framework}: {name}", file=sys.stderr)
-                    timed[framework].append(run_worker(framework, {**job, "record": False, "epochs": 4,
+                    timed[framework].append(profile_worker(framework, {**job, "record": False, "epochs": 4,
                                                                    "setting": name, "environment": environment},
                                                        threads, scratch))
     settings_table = setting_rows(timed)

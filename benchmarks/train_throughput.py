@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.workers import run_worker
 from rosetta_common.io import write_text
 from rosetta_common.registry import of_reading
 
@@ -141,17 +142,9 @@ def prepare_data(scales: list[str], params: str, root: Path) -> dict[str, Path]:
     return folders
 
 
-def run_worker(framework: str, job: dict[str, Any], scratch: Path) -> dict[str, Any]:
-    job_path, result_path = scratch / f"{framework}-job.json", scratch / f"{framework}-result.json"
-    job_path.write_text(json.dumps({**job, "framework": framework}))
-    command = [sys.executable, "-m", "pipelines.runner", framework, "--", "python", "-m",
-               "benchmarks.train_throughput_worker", str(job_path), str(result_path)]
+def throughput_worker(framework: str, job: dict[str, Any], scratch: Path) -> dict[str, Any]:
     started = time.perf_counter()
-    env = {**os.environ, "ROSETTA_THREADS": str(job["threads"])}
-    code = subprocess.run(command, cwd=REPO, env=env, check=False).returncode
-    if code != 0 or not result_path.is_file():
-        raise SystemExit(f"error: the {framework} worker exited {code} (its reason is above)")
-    result = json.loads(result_path.read_text())
+    result = run_worker(framework, "benchmarks.train_throughput_worker", job, job["threads"], scratch, framework)
     result["process_seconds"] = time.perf_counter() - started
     return result
 
@@ -301,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
                "min_steady_seconds": args.min_steady_seconds}
         for framework in args.frameworks:
             print(f"[throughput] {framework}: {len(cases)} cases x {args.repeats} repeats", file=sys.stderr)
-            results.append(run_worker(framework, {**job, "tricks": args.tricks}, Path(scratch)))
+            results.append(throughput_worker(framework, {**job, "tricks": args.tricks}, Path(scratch)))
     rows = summarize(results)
     named = {result["framework"]: {"tricks": result["tricks"], "parity": result["parity"],
                                    "only_for": result["only_for"]} for result in results}
