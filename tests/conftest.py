@@ -13,9 +13,8 @@ sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).resolve().parents
 from support import TinyRun, run_tiny_pipeline, shared_tiny_pipeline  # noqa: E402  (needs the path above)
 
 # Under pytest-xdist (`make test` runs this suite on two workers, tooling/build/run_tests.py) every test file runs whole
-# on one worker, so a module's fixtures are made once; test_planted_porting_bugs.py runs beside test_taps_localize.py,
-# whose planted rounds it judges too (planted_runs below).
-SAME_WORKER = {"tests/pipeline/test_planted_porting_bugs.py": "tests/pipeline/test_taps_localize.py"}
+# on one worker, so a module's fixtures are made once; what several files share across workers (the tiny run, the
+# planted rounds) is made once for all of them under a file lock (support/).
 
 # The order the workers take the files in (pytest_collection_modifyitems below). The tiny run takes minutes and
 # most files wait for it, so: first a file that asks for it at once (one worker makes it), then every file that
@@ -45,7 +44,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     def file(item: pytest.Item) -> str:
         return item.nodeid.split("::", 1)[0]
 
-    first = {STARTS_THE_TINY_RUN, SAME_WORKER.get(STARTS_THE_TINY_RUN, STARTS_THE_TINY_RUN)}
+    first = {STARTS_THE_TINY_RUN}
     waits = NEEDS_THE_TINY_RUN_LATER | {file(item) for item in items if TINY_FIXTURES & set(item.fixturenames)}
     collected = {path: i for i, path in enumerate(dict.fromkeys(map(file, items)))}
 
@@ -58,34 +57,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
-    """pytest-xdist's file scheduling (`--dist loadfile`) with the files of SAME_WORKER joined (file_scheduling),
-    handed out in the collection's order (above) instead of the most tests first."""
-    config.option.loadscopereorder = False  # --no-loadscope-reorder: the collection's order stands
-    return file_scheduling(config, log)
+    """pytest-xdist's file scheduling (`--dist loadfile`), the files handed out in the collection's order (above;
+    `--no-loadscope-reorder`) instead of the most tests first."""
+    from xdist.scheduler import LoadFileScheduling
 
-
-def file_scheduling(config: pytest.Config, log: object) -> object | None:
-    """pytest-xdist's LoadScopeScheduling with a file for a work unit, the files of SAME_WORKER one unit.
-
-    Joining them makes test_taps_localize.py's two planted rounds that test_planted_porting_bugs.py judges too
-    (planted_runs: each a retraining of the planted models on a copy of the tiny run, and a validate run) once,
-    not once per worker. No public route: `--dist loadgroup` with an xdist_group mark per file joins nothing under
-    pytest 9.2 (upstream pytest-dev/pytest-xdist#1386: the nodeid suffix it groups by no longer takes effect),
-    and `--dist loadfile` joins no two files. So the scope of a test comes from overriding xdist's private
-    _split_scope(nodeid), as xdist's own LoadFileScheduling does. Guarded: should an xdist release move it, this
-    returns None (xdist's scheduling for the `--dist` given: the rounds made twice, no result changed) and
-    tests/unit/test_run_tests.py's test of it fails."""
-    from xdist.scheduler import LoadScopeScheduling
-
-    if not callable(getattr(LoadScopeScheduling, "_split_scope", None)):
-        return None
-
-    class FileScheduling(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            path = nodeid.split("::", 1)[0]
-            return SAME_WORKER.get(path, path)
-
-    return FileScheduling(config, log)
+    config.option.loadscopereorder = False
+    return LoadFileScheduling(config, log)
 
 
 @pytest.fixture(scope="session")
@@ -103,8 +80,9 @@ def tiny_pipeline(tmp_path_factory: pytest.TempPathFactory) -> TinyRun:
 
 
 @pytest.fixture(scope="session")
-def planted_runs() -> dict:
-    """Validate runs of planted copies of the tiny run, by the round's plant ids: test_planted_porting_bugs.py
-    judges two mistakes that test_taps_localize.py plants alike (the same edit), on the round that file makes
-    (each a retraining of the planted models and a validate run, made by whichever test needs it first)."""
-    return {}
+def planted_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The session's planted rounds (support/planted.py): each a copy of the tiny run with porting mistakes in its
+    source, retrained and validated once for every worker, by whichever test asks first. test_planted_porting_bugs.py
+    judges two mistakes that test_taps_localize.py plants alike (the same edit) on the round that file makes."""
+    base = tmp_path_factory.getbasetemp()
+    return (base.parent if "PYTEST_XDIST_WORKER" in os.environ else base) / "planted"

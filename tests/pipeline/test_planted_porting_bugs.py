@@ -36,10 +36,11 @@ from typing import Any
 import pytest
 import yaml
 from test_taps_localize import BY_ID as TAPS_BY_ID
-from test_taps_localize import Validated, round_run
+from test_taps_localize import round_run
 
 from pipelines.checks import ledger as names
 from support import TinyRun, retrain_and_validate
+from support.planted import Validated, shared_round
 
 TORCH_MODELS = "packages/torch_impl/src/rosetta_torch/models.py"
 TORCH_TRAIN = "packages/torch_impl/src/rosetta_torch/train.py"
@@ -67,23 +68,21 @@ class Bug:
         path.write_text(text.replace(self.old, self.new))
 
 
+# In the order their rounds are made: this file's own rounds first, then the two it shares with
+# test_taps_localize.py (which that file, on another worker, has made by then or is making).
 BUGS = [
-    Bug("torch-batchnorm-momentum", "torch", "resnet", TORCH_MODELS,
-        "    return 1.0 - momentum\n", "    return momentum\n", names.LOCKSTEP_RUNNING_STATS_REL),
     Bug("torch-running-variance-unbiased", "torch", "resnet", TORCH_MODELS,
         "            self.running_var = corrected_running_var(", "            _ = corrected_running_var(",
         names.LOCKSTEP_RUNNING_STATS_REL),
-    Bug("tf-batchnorm-default-epsilon", "tf", "resnet", TF_MODELS, "epsilon=settings.batchnorm_epsilon,", "",
-        FORWARD_AT_INIT),
     Bug("jax-l2-weight-decay", "jax", "mlp", JAX_TRAIN, "        return torch_adam(optimizer, num_steps)\n",
         "        return optax.chain(optax.add_decayed_weights(1e-4), torch_adam(optimizer, num_steps))\n",
         names.LOCKSTEP_WEIGHTS_REL),
-    Bug("jax-dropout-scale", "jax", "resnet", JAX_MODELS, "pooled * dropout_mask",
-        "pooled * dropout_mask * (0.8 / 0.75)", names.TRAIN_STEP1_LOSS_REL),
     Bug("torch-label-smoothing", "torch", "mlp", TORCH_TRAIN,
         "F.cross_entropy(forward_logits(module, inputs[idx_t], mask), labels[idx_t])",
         "F.cross_entropy(forward_logits(module, inputs[idx_t], mask), labels[idx_t], label_smoothing=0.1)",
         names.TRAIN_STEP1_LOSS_REL),
+    Bug("jax-dropout-scale", "jax", "resnet", JAX_MODELS, "pooled * dropout_mask",
+        "pooled * dropout_mask * (0.8 / 0.75)", names.TRAIN_STEP1_LOSS_REL),
     Bug("torch-learning-rate-after-epoch-5", "torch", "mlp", TORCH_TRAIN,
         "            epoch_start = time.perf_counter()\n",
         "            epoch_start = time.perf_counter()\n"
@@ -91,6 +90,10 @@ BUGS = [
         "                for group in optimizer.param_groups:\n"
         "                    group[\"lr\"] *= 1.01\n",
         names.TEST_LOSS_REL, epochs=7),
+    Bug("torch-batchnorm-momentum", "torch", "resnet", TORCH_MODELS,
+        "    return 1.0 - momentum\n", "    return momentum\n", names.LOCKSTEP_RUNNING_STATS_REL),
+    Bug("tf-batchnorm-default-epsilon", "tf", "resnet", TF_MODELS, "epsilon=settings.batchnorm_epsilon,", "",
+        FORWARD_AT_INIT),
 ]
 BY_ID = {bug.id: bug for bug in BUGS}
 # The mistakes test_taps_localize.py plants with the same edit, judged on its round: bug -> its plant there.
@@ -137,18 +140,16 @@ def validate_round(tiny: TinyRun, root: Path, bugs: list[Bug]) -> Validated:
 
 
 @pytest.fixture(scope="module")
-def validated(tiny_pipeline: TinyRun, tmp_path_factory: pytest.TempPathFactory, planted_runs: dict) -> Any:
+def validated(tiny_pipeline: TinyRun, planted_runs: Path) -> Any:
     """Each round's validate run, made on first use and shared by the round's bugs (a bug also planted by
     test_taps_localize.py: that file's round, made once for both)."""
 
     def get(bug: Bug) -> Validated:
         if bug.id in IN_TAPS_ROUNDS:
-            return round_run(tiny_pipeline, tmp_path_factory, planted_runs, IN_TAPS_ROUNDS[bug.id])
-        key = tuple(ROUNDS[ROUND_OF[bug.id]])
-        if key not in planted_runs:
-            root = tmp_path_factory.mktemp(f"bugs_round{ROUND_OF[bug.id]}") / "repo"
-            planted_runs[key] = validate_round(tiny_pipeline, root, [BY_ID[i] for i in key])
-        return planted_runs[key]
+            return round_run(tiny_pipeline, planted_runs, IN_TAPS_ROUNDS[bug.id])
+        index = ROUND_OF[bug.id]
+        return shared_round(planted_runs, f"bugs_round{index}",
+                            lambda root: validate_round(tiny_pipeline, root, [BY_ID[i] for i in ROUNDS[index]]))
 
     return get
 

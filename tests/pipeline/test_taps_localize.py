@@ -26,6 +26,7 @@ import yaml
 
 from pipelines.checks import ledger as names
 from support import TinyRun, retrain_and_validate
+from support.planted import Validated, shared_round
 
 
 @dataclass(frozen=True)
@@ -114,16 +115,6 @@ ROUND_OF = {plant: i for i, ids in enumerate(ROUNDS) for plant in ids}
 MUST_FAIL = (names.INIT_TAPS_VS_REFERENCE, names.INIT_ONNX_VS_REFERENCE, names.FORWARD_PARITY_INIT_ONNX)
 
 
-@dataclass(frozen=True)
-class Validated:
-    returncode: int
-    output: str  # the exit status, stdout's end and the whole of stderr (every FAILED line)
-    rows: list[dict[str, Any]]
-    parity: list[dict[str, Any]]  # validation.json's training_parity figures
-    taps: dict[str, dict[str, Any]]  # validation.json's "taps", by model
-    root: Path
-
-
 def validate_round(tiny: TinyRun, root: Path, plants: list[Plant]) -> Validated:
     """A fresh copy of the finished run with the round's plants in its source, each planted framework's
     train_export rerun for its model alone, then validate once."""
@@ -145,22 +136,18 @@ def validate_round(tiny: TinyRun, root: Path, plants: list[Plant]) -> Validated:
                      {t["model"]: t for t in report["taps"]}, root)
 
 
-def round_run(tiny: TinyRun, tmp_path_factory: pytest.TempPathFactory, planted_runs: dict, plant_id: str
-              ) -> Validated:
+def round_run(tiny: TinyRun, planted_runs: Path, plant_id: str) -> Validated:
     """The validate run of the round that holds `plant_id`, made on first use (conftest's planted_runs: also
     test_planted_porting_bugs.py's, for the mistakes both files plant)."""
     index = ROUND_OF[plant_id]
-    key = tuple(ROUNDS[index])
-    if key not in planted_runs:
-        root = tmp_path_factory.mktemp(f"taps_round{index}") / "repo"
-        planted_runs[key] = validate_round(tiny, root, [BY_ID[i] for i in key])
-    return planted_runs[key]
+    return shared_round(planted_runs, f"taps_round{index}",
+                        lambda root: validate_round(tiny, root, [BY_ID[i] for i in ROUNDS[index]]))
 
 
 @pytest.fixture(scope="module")
-def validated(tiny_pipeline: TinyRun, tmp_path_factory: pytest.TempPathFactory, planted_runs: dict) -> Any:
+def validated(tiny_pipeline: TinyRun, planted_runs: Path) -> Any:
     """Each round's validate run, made on first use and shared by the round's plants."""
-    return lambda plant: round_run(tiny_pipeline, tmp_path_factory, planted_runs, plant.id)
+    return lambda plant: round_run(tiny_pipeline, planted_runs, plant.id)
 
 
 @pytest.mark.parametrize("plant", PLANTS, ids=lambda p: p.id)

@@ -112,17 +112,17 @@ def test_a_shared_tiny_run_that_failed_fails_every_later_asker_without_running_a
 
 
 def test_the_files_come_in_the_tiny_runs_order() -> None:
-    """conftest.py's order, as every worker collects it: the file that makes the tiny run and its partner first,
-    then the files that never need the run (a worker runs them while the other makes it), then the ones that
+    """conftest.py's order, as every worker collects it: the file that makes the tiny run first, then the files
+    that never need the run (a worker runs them while the other makes it), then the ones that
     need it, the slowest first."""
     collected = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"],
                                cwd=REPO, capture_output=True, text=True, timeout=300, check=True).stdout
     files = list(dict.fromkeys(line.split("::")[0] for line in collected.splitlines() if "::" in line))
     position = {path: i for i, path in enumerate(files)}
-    first = ["tests/pipeline/test_planted_porting_bugs.py", "tests/pipeline/test_taps_localize.py"]
-    assert files[:2] == first, files[:4]
+    assert files[0] == "tests/pipeline/test_planted_porting_bugs.py", files[:4]
     never = ["tests/unit/test_report.py", "tests/pipeline/test_jax2tf.py", "packages/common/tests/test_spec.py"]
-    needs = ["tests/system/test_containers.py", "tests/pipeline/test_lineage.py", "tests/pipeline/test_stage_kills.py",
+    needs = ["tests/system/test_containers.py", "tests/pipeline/test_taps_localize.py",
+             "tests/pipeline/test_lineage.py", "tests/pipeline/test_stage_kills.py",
              "tests/pipeline/test_validate_failures.py", "tests/pipeline/test_pipeline_e2e.py"]
     assert max(position[f] for f in never) < min(position[f] for f in needs), files
     assert [position[f] for f in needs] == sorted(position[f] for f in needs), files
@@ -142,19 +142,16 @@ class _Worker:
         self.shutting_down = True
 
 
-def test_the_workers_take_each_file_whole_and_the_joined_files_together(pytestconfig: pytest.Config) -> None:
-    """conftest.py's scheduler (file_scheduling): a file is one work unit, test_planted_porting_bugs.py and
-    test_taps_localize.py one unit between them, the units in the collection's order. It overrides pytest-xdist's
-    private LoadScopeScheduling._split_scope (no public route: its docstring); an xdist release that moves it
-    fails this test instead of quietly making the planted rounds once per worker."""
+def test_the_workers_take_each_file_whole_in_the_collections_order(pytestconfig: pytest.Config) -> None:
+    """conftest.py's scheduler: pytest-xdist's LoadFileScheduling, a file one work unit, the units in the
+    collection's order (not xdist's default, the most tests first): the file that makes the tiny run goes first
+    though it has the fewest tests."""
     collection = ["tests/pipeline/test_planted_porting_bugs.py::test_a",
-                  "tests/pipeline/test_taps_localize.py::test_b[x]",
                   "tests/pipeline/test_planted_porting_bugs.py::test_c", "tests/unit/test_report.py::test_d",
                   "tests/unit/test_report.py::TestE::test_f", "tests/unit/test_docs.py::test_g",
                   "tests/unit/test_docs.py::test_h", "tests/unit/test_docs.py::test_i"]
     config = SimpleNamespace(option=SimpleNamespace(loadscopereorder=True), getvalue={"tx": ["2*popen"]}.get)
     scheduler = pytestconfig.hook.pytest_xdist_make_scheduler(config=config, log=None)
-    assert scheduler is not None, "conftest.py's file_scheduling gave up: pytest-xdist moved _split_scope"
     workers = [_Worker("gw0"), _Worker("gw1")]
     for worker in workers:
         scheduler.add_node(worker)
@@ -162,4 +159,4 @@ def test_the_workers_take_each_file_whole_and_the_joined_files_together(pytestco
         scheduler.add_node_collection(worker, collection)
     scheduler.schedule()
     units = {worker.gateway.id: [[collection[i] for i in sent] for sent in worker.sends] for worker in workers}
-    assert units == {"gw0": [collection[:3]], "gw1": [collection[3:5], collection[5:]]}, units
+    assert units == {"gw0": [collection[:2], collection[4:]], "gw1": [collection[2:4]]}, units
