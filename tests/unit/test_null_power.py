@@ -5,9 +5,11 @@ table's figures."""
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -93,6 +95,65 @@ def test_a_wider_framework_fails_more_often_than_equal_ones() -> None:
     labels = null_power.relabellings(6, 199)
     equal, wide = (null_power.false_failures(draws, spread, [ALPHA], labels)[0] for spread in (1.0, 3.0))
     assert equal <= 0.03 < wide  # a 3x spread reads as a difference
+
+
+def record(within_run: int | None, within_pairs: int | None, across: int | None, replicates: int = 5,
+           steps: int = 400) -> dict:
+    """A `parting` record of validate's shape: every run-replicate pair of a framework parts at `within_run`, every
+    replicate pair at `within_pairs`, every two frameworks' runs at `across` (None: never)."""
+    pairs = replicates * (replicates - 1) // 2
+    group = {"run": [within_run] * replicates, "replicates": [within_pairs] * pairs}
+    return {"model": "cnn", "steps": steps, "within": {fw: dict(group) for fw in ("torch", "tf", "jax")},
+            "across": {"torch|tf": across, "torch|jax": across, "tf|jax": across}}
+
+
+def test_trainings_that_part_at_once_are_independent_and_late_ones_share_their_steps() -> None:
+    assert np.allclose(null_power.parting_correlation(record(0, 0, 0)), np.eye(18))
+    shared = null_power.parting_correlation(record(200, 200, 0))  # half the steps within a framework, none across
+    assert np.allclose(shared[:6, :6], 0.5 + 0.5 * np.eye(6)) and np.allclose(shared[:6, 6:], 0.0)
+    # Across frameworks a pair shares at most what its runs share: runs together for 100 steps, replicates 300.
+    nested = null_power.parting_correlation(record(300, 300, 100))
+    assert np.isclose(nested[0, 6], 0.25) and np.isclose(nested[1, 7], 0.25) and np.isclose(nested[1, 2], 0.75)
+    # Steps that do not nest (replicates parting from each other before either parts from the run) still give a
+    # correlation matrix: unit diagonal, no negative eigenvalue.
+    odd = null_power.parting_correlation(record(300, 10, 0))
+    assert np.allclose(np.diag(odd), 1.0) and np.linalg.eigvalsh(odd).min() > -1e-9
+
+
+def test_a_group_stopped_at_the_look_is_grown_as_its_replicates_parted() -> None:
+    grown = null_power.completed(record(30, 50, 40, replicates=2), parted=5)
+    assert grown["within"]["tf"]["run"] == [30] * 5 and grown["within"]["tf"]["replicates"] == [50] * 10
+    never = null_power.completed(record(None, None, None, replicates=2), parted=5)
+    assert never["within"]["jax"]["run"] == [400] * 5
+
+
+def test_near_copies_fail_a_faithful_port_and_replicates_that_part_early_do_not() -> None:
+    """The pooled test with no bug: where each framework's replicates follow their run long after the frameworks'
+    runs part, the groups have less spread than the distances across them and the test fails a correct port far
+    above alpha; where they part first, about alpha."""
+    labels = null_power.relabellings(6, 199)
+    rng = np.random.default_rng(5)
+    copies = null_power.parting_draws(null_power.parting_correlation(record(380, 380, 20)), 200, rng)
+    samples = null_power.parting_draws(null_power.parting_correlation(record(20, 20, 40)), 200, rng)
+    assert (null_power.pooled_ps(copies, labels) <= ALPHA).mean() > 0.5
+    assert (null_power.pooled_ps(samples, labels) <= ALPHA).mean() <= 0.05
+
+
+def test_the_parting_table_reads_a_validate_report(tmp_path: Path) -> None:
+    report = tmp_path / "validation.json"
+    report.write_text(json.dumps({"parting": [record(20, 20, 40, replicates=2)]}))
+    done = subprocess.run([sys.executable, "-m", "tooling.diagnose.null_power", "--parting", str(report),
+                           "--samples", "10", "--families", "3"], cwd=REPO, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| cnn |")]
+    assert len(rows) == 1 and "| 3 points | 40 / 20 | 3 | 0.01667 |" in rows[0], done.stdout
+    bad = tmp_path / "other.json"
+    bad.write_text("{}")
+    done = subprocess.run([sys.executable, "-m", "tooling.diagnose.null_power", "--parting", str(bad)], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith(f"error: --parting {bad}: not a validate report with a parting record"), done.stderr
 
 
 @pytest.mark.parametrize("argv, named", [

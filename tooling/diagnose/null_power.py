@@ -17,13 +17,24 @@ per test): p from 1/2000, an eighth of alpha / 12; the interim look judges the r
 alone. Monte-Carlo, seeded: the same command prints the same table on any machine. docs/judge.md, 'The power of the
 null', shows its output.
 
+With --parting, the same test on the groups as a finished run's trainings part (validate's `parting` record in
+reports/validation.json): each null-judged model's run and replicates per framework, as many as it trained, drawn
+with the correlation their parting steps give. Two trainings equal up to step p of T and independent after it (a
+random walk over the steps) share p / T of their figure's variance: a replicate that follows its run late is a
+near-copy, and cross-framework pairs share no more than their runs did. It prints, per model and family, how often
+the model fails with no bug and the shift (in sd of one training's figure) found with 80 % power when each framework
+in turn carries it, beside the same group sizes drawn independently.
+
     python -m tooling.diagnose.null_power [--samples 2000] [--families 3 6 12] [--parted P] [--first F] [--futility B]
                                  [--spread 3]
+    python -m tooling.diagnose.null_power --parting reports/validation.json [--samples 500] [--families 3 6 12]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
+import json
 import sys
 import zlib
 from collections.abc import Sequence
@@ -249,6 +260,108 @@ def table(null: Design, count: int, families: Sequence[int], samples: int, sprea
     return "\n".join(lines)
 
 
+PARTING_FRAMEWORKS = ("torch", "tf", "jax")  # validate's order; framework i of a draw is the i-th here
+
+
+def parting_correlation(record: dict, frameworks: Sequence[str] = PARTING_FRAMEWORKS) -> np.ndarray:
+    """The correlation of a model's trainings' end-of-training figures under the random-walk model of how they part
+    (the module's docstring), from validate's `parting` record: per framework, its run then its replicates in the
+    record's order. A pair's shared steps: the recorded parting step (None, never parted: all T); across
+    frameworks, at most what each shares with its run and what the runs share. Measured steps need not nest as a
+    tree's do (a parting step is where a pair's loss first differs beyond a tolerance), so the matrix is projected
+    onto the nearest correlation matrix (negative eigenvalues set to 0, the diagonal back to 1)."""
+    steps = int(record["steps"])
+
+    def shared(step: int | None) -> float:
+        return float(steps if step is None else min(step, steps))
+
+    groups = [record["within"][fw] for fw in frameworks]
+    sizes = [len(group["run"]) + 1 for group in groups]
+    starts = np.cumsum([0, *sizes])
+    matrix = np.zeros((starts[-1], starts[-1]))
+    for start, size, group in zip(starts, sizes, groups, strict=False):
+        block = np.full((size, size), float(steps))
+        for i, step in enumerate(group["run"], start=1):
+            block[0, i] = block[i, 0] = shared(step)
+        for (i, j), step in zip(itertools.combinations(range(1, size), 2), group["replicates"], strict=True):
+            block[i, j] = block[j, i] = shared(step)
+        matrix[start:start + size, start:start + size] = block
+    for a, b in itertools.combinations(range(len(frameworks)), 2):
+        pair = record["across"]
+        runs = shared(pair.get(f"{frameworks[a]}|{frameworks[b]}", pair.get(f"{frameworks[b]}|{frameworks[a]}")))
+        for i in range(sizes[a]):
+            for j in range(sizes[b]):
+                value = min(matrix[starts[a], starts[a] + i], runs, matrix[starts[b], starts[b] + j])
+                matrix[starts[a] + i, starts[b] + j] = matrix[starts[b] + j, starts[a] + i] = value
+    values, vectors = np.linalg.eigh(matrix / steps)
+    nearest = (vectors * np.clip(values, 0.0, None)) @ vectors.T
+    scale = 1 / np.sqrt(np.diag(nearest))
+    return nearest * scale[:, None] * scale[None, :]
+
+
+def parting_draws(correlation: np.ndarray, samples: int, rng: np.random.Generator) -> np.ndarray:
+    """`samples` draws of the figures (samples x frameworks x points) with that correlation, sd 1 each."""
+    values, vectors = np.linalg.eigh(correlation)
+    root = vectors * np.sqrt(np.clip(values, 0.0, None))
+    flat = rng.standard_normal((samples, len(correlation))) @ root.T
+    return flat.reshape(samples, FRAMEWORKS, -1)
+
+
+def completed(record: dict, parted: int) -> dict:
+    """The record with every framework's group grown to `parted` replicates, as the design trains them when a test
+    goes on past the interim look: a replicate the run did not train parts from the run, and from each other
+    replicate, at the median of the framework's recorded steps (never parted: T)."""
+    steps = int(record["steps"])
+    within = {}
+    for fw, group in record["within"].items():
+        runs = [steps if s is None else s for s in group["run"]]
+        pairs = [steps if s is None else s for s in group["replicates"]] or runs
+        have = len(runs)
+        run_median, pair_median = int(np.median(runs)), int(np.median(pairs))
+        by_pair = dict(zip(itertools.combinations(range(have), 2), pairs, strict=False))
+        within[fw] = {"run": runs + [run_median] * (parted - have),
+                      "replicates": [by_pair.get((i, j), pair_median)
+                                     for i, j in itertools.combinations(range(parted), 2)]}
+    return {**record, "within": within}
+
+
+def moved_curve(draws: np.ndarray, framework: int, alphas: Sequence[float], labels: np.ndarray,
+                interim: Interim) -> np.ndarray:
+    """power_curve with the shift carried by `framework` (power_curve moves framework 0)."""
+    order = [framework, *(f for f in range(FRAMEWORKS) if f != framework)]
+    return power_curve(draws[:, order], alphas, labels, f"moved {PARTING_FRAMEWORKS[framework]}", interim)
+
+
+def parting_table(records: Sequence[dict], null: Design, families: Sequence[int], samples: int,
+                  seed: int = 0) -> str:
+    """Per null-judged model of a run (its `parting` records) and family size, the design as it runs (the interim
+    look, then every replicate) on the groups as they part: false failures with no bug and the shift found with
+    80 % power by the framework that carries it."""
+    alphas = [null.alpha / m for m in families]
+    labels = relabellings(null.parted + 1)
+    interim = Interim(null.first, relabellings(null.first + 1), null.futility)
+    floor = 1 / len(labels)
+    lines = ["| model | trained a group | earliest across / median run vs replicate | family size m | alpha / m | "
+             "false failures | shift found with 80 % power, carried by torch / tf / jax |",
+             "| --- | --: | --- | --: | --: | --: | --- |"]
+    for record in records:
+        trained = {len(record["within"].get(fw, {}).get("run", [])) + 1 for fw in PARTING_FRAMEWORKS}
+        if len(trained) != 1 or min(trained) < 2 or max(trained) > null.parted + 1:
+            lines.append(f"| {record['model']} | {sorted(trained)}: not drawn | | | | | |")
+            continue
+        rng = np.random.default_rng([seed, zlib.crc32(record["model"].encode())])
+        draws = parting_draws(parting_correlation(completed(record, null.parted)), samples, rng)
+        wrong = judged_ps(draws, labels, alphas, interim)
+        curves = [moved_curve(draws, f, alphas, labels, interim) for f in range(FRAMEWORKS)]
+        runs = [record["steps"] if s is None else s for fw in PARTING_FRAMEWORKS for s in record["within"][fw]["run"]]
+        across = min((s for s in record["across"].values() if s is not None), default=None)
+        for j, m in enumerate(families):
+            lines.append(f"| {record['model']} | {trained.pop() if j == 0 else ''}{'' if j else ' points'} | "
+                         f"{'never' if across is None else across} / {float(np.median(runs)):g} | {m} | "
+                         f"{alphas[j]:.4g} | {(wrong[j] <= alphas[j]).mean():.3f} | "
+                         f"{' / '.join(found(curve[:, j], alphas[j], floor) for curve in curves)} |")
+    return "\n".join(lines)
+
 def main(argv: Sequence[str] | None = None) -> int:
     null = design()
     parser = argparse.ArgumentParser(prog="python -m tooling.diagnose.null_power", description=__doc__.split("\n\n")[0])
@@ -261,6 +374,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--samples", type=int, default=2000, help="Monte-Carlo draws (default 2000)")
     parser.add_argument("--families", type=int, nargs="+", default=[3, 6, 12], help="Holm family sizes m")
     parser.add_argument("--spread", type=float, default=3.0, help="one framework's spread over the others'")
+    parser.add_argument("--parting", type=Path, default=None,
+                        help="a run's reports/validation.json: draw each null-judged model's groups as they part")
     args = parser.parse_args(argv)
     problems = [f"--parted {args.parted}: must be a whole number, at least 1" if args.parted < 1 else "",
                 f"--samples {args.samples}: must be a whole number, at least 10" if args.samples < 10 else "",
@@ -272,6 +387,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     for problem in filter(None, problems):
         print(f"error: {problem}", file=sys.stderr)
         return 2
+    if args.parting is not None:
+        try:
+            records = json.loads(args.parting.read_text())["parting"]
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            print(f"error: --parting {args.parting}: not a validate report with a parting record ({error})",
+                  file=sys.stderr)
+            return 2
+        print(parting_table(records, Design(args.parted, args.first, args.futility, null.alpha), args.families,
+                            args.samples))
+        return 0
     print(table(Design(args.parted, args.first, args.futility, null.alpha), RANK_SUM_K, args.families, args.samples,
                 args.spread))
     return 0
