@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tooling.build.tiny_run import made_once
+
 
 @dataclass(frozen=True)
 class Validated:
@@ -24,21 +26,12 @@ class Validated:
 
 def shared_round(rounds: Path, name: str, make: Callable[[Path], Validated]) -> Validated:
     """Round `name` of the session, made by `make(root)` in `rounds/name/repo` by the first process to ask while
-    the others wait on a file lock. A round that failed to be made fails every later asker with its message."""
-    from filelock import FileLock  # DVC's own dependency, in the orchestrator's lock
+    the others wait (tooling.build.tiny_run.made_once). A round that failed to be made fails every later asker
+    with its message."""
 
-    folder = rounds / name
-    folder.mkdir(parents=True, exist_ok=True)
-    record, failed = folder / "validated.json", folder / "failed.txt"
-    with FileLock(str(folder / "lock")):
-        if not record.is_file() and not failed.is_file():
-            try:
-                made = make(folder / "repo")
-            except Exception as error:
-                failed.write_text(f"{type(error).__name__}: {error}")
-                raise
-            record.write_text(json.dumps({**dataclasses.asdict(made), "root": str(made.root)}))
-    if failed.is_file():
-        raise AssertionError(f"planted round {name} failed:\n{failed.read_text()}")
-    fields = json.loads(record.read_text())
+    def made() -> str:
+        run = make(rounds / name / "repo")
+        return json.dumps({**dataclasses.asdict(run), "root": str(run.root)})
+
+    fields = json.loads(made_once(rounds / name, f"planted round {name}", made))
     return Validated(**{**fields, "root": Path(fields["root"])})

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from support import REPO, TinyRun
+from support.planted import Validated, shared_round
 from tooling.build import run_tests, tiny_run
 
 
@@ -160,3 +161,17 @@ def test_the_workers_take_each_file_whole_in_the_collections_order(pytestconfig:
     scheduler.schedule()
     units = {worker.gateway.id: [[collection[i] for i in sent] for sent in worker.sends] for worker in workers}
     assert units == {"gw0": [collection[:2], collection[4:]], "gw1": [collection[2:4]]}, units
+
+
+def test_a_planted_round_is_made_once_and_read_back_whole_by_every_asker(tmp_path: Path) -> None:
+    """support/planted.py's shared_round: the second asker reads the first's validate result, root and all."""
+    made = []
+
+    def make(root: Path) -> Validated:
+        made.append(root)
+        return Validated(1, "exit 1\nFAILED cnn/x", [{"model": "cnn", "passed": False}], [], {"cnn": {}}, root)
+
+    first = shared_round(tmp_path / "planted", "taps_round0", make)
+    second = shared_round(tmp_path / "planted", "taps_round0", make)
+    assert made == [tmp_path / "planted" / "taps_round0" / "repo"]
+    assert first == second and isinstance(second.root, Path) and second.rows[0]["passed"] is False

@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -113,24 +114,31 @@ def run_tiny_pipeline(root: Path) -> TinyRun:
     return TinyRun(root, env, first.stdout + first.stderr)
 
 
-def shared_tiny_pipeline(shared: Path, root: Path) -> TinyRun:
-    """The tiny run made once in `shared` for every process that asks, and copied whole (work tree, git, DVC
-    cache) to `root` for this one: the first process to ask runs it while the others wait on a file lock, and
-    no one changes the run in `shared`, so each process's tests change only their own copy. A run that failed
-    fails every later asker with its message, without running again."""
+def made_once(folder: Path, what: str, make: Callable[[], str]) -> str:
+    """The text `make()` returns, made once in `folder` for every process that asks: the first to ask makes it
+    while the others wait on a file lock, and it is kept in the folder for them. A `make` that raised fails every
+    later asker with its message, without running again."""
     from filelock import FileLock  # DVC's own dependency, in the orchestrator's lock
 
-    shared.mkdir(parents=True, exist_ok=True)
-    output, failed = shared / "dvc-output.txt", shared / "failed.txt"
-    with FileLock(str(shared / "lock")):
-        if not output.is_file() and not failed.is_file():
+    folder.mkdir(parents=True, exist_ok=True)
+    made, failed = folder / "made.txt", folder / "failed.txt"
+    with FileLock(str(folder / "lock")):
+        if not made.is_file() and not failed.is_file():
             try:
-                run = run_tiny_pipeline(shared / "repo")
-            except AssertionError as error:
+                text = make()
+            except Exception as error:
                 failed.write_text(str(error))
                 raise
-            output.write_text(run.output)
+            made.write_text(text)
     if failed.is_file():
-        raise AssertionError(f"the shared tiny run failed:\n{failed.read_text()}")
+        raise AssertionError(f"{what} failed:\n{failed.read_text()}")
+    return made.read_text()
+
+
+def shared_tiny_pipeline(shared: Path, root: Path) -> TinyRun:
+    """The tiny run made once in `shared` for every process that asks (made_once), and copied whole (work tree,
+    git, DVC cache) to `root` for this one: no one changes the run in `shared`, so each process's tests change
+    only their own copy."""
+    output = made_once(shared, "the shared tiny run", lambda: run_tiny_pipeline(shared / "repo").output)
     shutil.copytree(shared / "repo", root, symlinks=True)
-    return TinyRun(root, tiny_env(), output.read_text())
+    return TinyRun(root, tiny_env(), output)
