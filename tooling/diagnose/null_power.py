@@ -18,12 +18,13 @@ alone. Monte-Carlo, seeded: the same command prints the same table on any machin
 null', shows its output.
 
 With --parting, the same test on the groups as a finished run's trainings part (validate's `parting` record in
-reports/validation.json): each null-judged model's run and replicates per framework, as many as it trained, drawn
-with the correlation their parting steps give. Two trainings equal up to step p of T and independent after it (a
-random walk over the steps) share p / T of their figure's variance: a replicate that follows its run late is a
-near-copy, and cross-framework pairs share no more than their runs did. It prints, per model and family, how often
-the model fails with no bug and the shift (in sd of one training's figure) found with 80 % power when each framework
-in turn carries it, beside the same group sizes drawn independently.
+reports/validation.json): each null-judged model's run and replicates per framework drawn with the correlation their
+parting steps give. Two trainings equal up to step p of T and independent after it (a random walk over the steps)
+share p / T of their figure's variance: a replicate that follows its run late is a near-copy, and cross-framework
+pairs share no more than their runs did. A group that stopped at the interim look is grown to the design's size
+(completed), and each draw is judged as the design runs. It prints, per model and family, how often the model fails
+with no bug and the shift (in sd of one training's figure) found with 80 % power when each framework in turn
+carries it.
 
     python -m tooling.diagnose.null_power [--samples 2000] [--families 3 6 12] [--parted P] [--first F] [--futility B]
                                  [--spread 3]
@@ -279,15 +280,15 @@ def parting_correlation(record: dict, frameworks: Sequence[str] = PARTING_FRAMEW
     sizes = [len(group["run"]) + 1 for group in groups]
     starts = np.cumsum([0, *sizes])
     matrix = np.zeros((starts[-1], starts[-1]))
-    for start, size, group in zip(starts, sizes, groups, strict=False):
+    for start, size, group in zip(starts[:-1], sizes, groups, strict=True):
         block = np.full((size, size), float(steps))
         for i, step in enumerate(group["run"], start=1):
             block[0, i] = block[i, 0] = shared(step)
         for (i, j), step in zip(itertools.combinations(range(1, size), 2), group["replicates"], strict=True):
             block[i, j] = block[j, i] = shared(step)
         matrix[start:start + size, start:start + size] = block
+    pair = record["across"]
     for a, b in itertools.combinations(range(len(frameworks)), 2):
-        pair = record["across"]
         runs = shared(pair.get(f"{frameworks[a]}|{frameworks[b]}", pair.get(f"{frameworks[b]}|{frameworks[a]}")))
         for i in range(sizes[a]):
             for j in range(sizes[b]):
@@ -349,6 +350,7 @@ def parting_table(records: Sequence[dict], null: Design, families: Sequence[int]
         if len(trained) != 1 or min(trained) < 2 or max(trained) > null.parted + 1:
             lines.append(f"| {record['model']} | {sorted(trained)}: not drawn | | | | | |")
             continue
+        points = trained.pop()
         rng = np.random.default_rng([seed, zlib.crc32(record["model"].encode())])
         draws = parting_draws(parting_correlation(completed(record, null.parted)), samples, rng)
         wrong = judged_ps(draws, labels, alphas, interim)
@@ -356,11 +358,12 @@ def parting_table(records: Sequence[dict], null: Design, families: Sequence[int]
         runs = [record["steps"] if s is None else s for fw in PARTING_FRAMEWORKS for s in record["within"][fw]["run"]]
         across = min((s for s in record["across"].values() if s is not None), default=None)
         for j, m in enumerate(families):
-            lines.append(f"| {record['model']} | {trained.pop() if j == 0 else ''}{'' if j else ' points'} | "
+            lines.append(f"| {record['model']} | {f'{points} points' if j == 0 else ''} | "
                          f"{'never' if across is None else across} / {float(np.median(runs)):g} | {m} | "
                          f"{alphas[j]:.4g} | {(wrong[j] <= alphas[j]).mean():.3f} | "
                          f"{' / '.join(found(curve[:, j], alphas[j], floor) for curve in curves)} |")
     return "\n".join(lines)
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     null = design()
