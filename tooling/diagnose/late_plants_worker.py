@@ -26,6 +26,7 @@ from __future__ import annotations
 import importlib
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -83,7 +84,8 @@ def main(argv: list[str]) -> int:
         plant_jax(plant, float(size), start)
     backend = seeded_backend(framework, spec.seed)
     model = None
-    with open(out, "w") as f:
+    partial = Path(f"{out}.partial")  # renamed to `out` once every training is written: no half a pool
+    with open(partial, "w") as f:
         for i in range(int(count) + 1):
             backend.configure(spec.seed)
             init, plan = (job.init, job.plan) if i == 0 else replicate_start(job, i, spec.replicates.ulps,
@@ -99,6 +101,7 @@ def main(argv: list[str]) -> int:
                 "test_predictions": np.argmax(logits, axis=1).astype(int).tolist()}) + "\n")
             f.flush()
             print(f"late_plants_worker {framework} {arch} {plant} {size}: training {i} of {count}", flush=True)
+    partial.replace(out)
     return 0
 
 
