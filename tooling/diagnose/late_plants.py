@@ -145,15 +145,14 @@ def loss_shift(planted: Pool, unplanted: Pool) -> tuple[float, float]:
     return float((a.mean() - b.mean()) / sd), float(np.sqrt(a.var(ddof=1) / len(a) + b.var(ddof=1) / len(b)) / sd)
 
 
-def judge_one(spec: Spec, groups: Sequence[Pool], unplanted: Pool, key: Key, draws: int, families: Sequence[int]
-              ) -> dict[str, Any]:
+def judge_one(spec: Spec, groups: Sequence[Pool], unplanted: Pool, key: Key, draws: int, families: Sequence[int],
+              labels: dict[int, np.ndarray]) -> dict[str, Any]:
     """One seed, model and plant (`key`, which seeds the draws): the loss shift and, per family size m, the share
-    of `draws` that fail."""
+    of `draws` that fail (`labels`: one_draw's relabellings)."""
     settings = spec.replicates
     short = [len(g.replicates) for g in groups if len(g.replicates) < settings.parted]
     if short:
         raise RosettaError(f"{key}: {short} parted replicates; the design needs {settings.parted} a framework")
-    labels = {size: relabellings(size + 1, PERMUTATIONS) for size in (settings.first, settings.parted)}
     judged = beyond_bound(spec, [g.run for g in groups])
     squared = {figure: squared_distances(groups, figure) for figure, on in judged.items() if on}
     rng = np.random.default_rng(zlib.crc32(repr(key).encode()))
@@ -168,6 +167,8 @@ def judge_one(spec: Spec, groups: Sequence[Pool], unplanted: Pool, key: Key, dra
 def judge(spec: Spec, pools: dict[Key, Pool], draws: int, families: Sequence[int]) -> list[dict[str, Any]]:
     """Every seed, model and JAX plant of `pools`, against the same seed and model's unplanted pools."""
     rows = []
+    settings = spec.replicates  # the relabellings of the look's groups and of the whole design's, drawn once
+    labels = {size: relabellings(size + 1, PERMUTATIONS) for size in (settings.first, settings.parted)}
     for key in sorted((k for k in pools if k[2] == PLANTED), key=lambda k: (k[1], k[0], k[3] != "none", k[3:])):
         seed, model = key[:2]
         others = [pools.get((seed, model, fw, "none", 0.0)) for fw in FRAMEWORKS if fw != PLANTED]
@@ -176,7 +177,7 @@ def judge(spec: Spec, pools: dict[Key, Pool], draws: int, families: Sequence[int
             raise RosettaError(f"seed {seed} {model}: every framework needs an unplanted pool (plant none)")
         print(f"late_plants: judging seed {seed} {model} {key[3]} {key[4]:g}", file=sys.stderr, flush=True)
         rows.append(judge_one(spec, [*others, pools[key]], unplanted, key, draws,  # type: ignore[list-item]
-                              families))
+                              families, labels))
     return rows
 
 
