@@ -1,9 +1,9 @@
 """The measured null's power against porting mistakes that act only after the runs part, measured on real trainings.
 
-A mistake that starts after the lockstep window (a learning rate off by a factor, or a weight decay switched on,
-from epoch E // 2 + 1 of E on) reaches no lockstep check and no float32 bound of runs that have parted:
-only the end-of-training null can see it. This tool measures what that null does with it, from trainings and not
-from a model of them.
+A mistake that starts after the lockstep window (a learning rate off by a factor, a weight decay switched on, label
+smoothing, a BatchNorm momentum, from epoch E // 2 + 1 of E on) reaches no lockstep check and no float32 bound of
+runs that have parted: only the end-of-training null can see it. This tool measures what that null does with it,
+from trainings and not from a model of them.
 
 `train` trains, for each model, a pool per framework: the run and replicates 1 to R, exactly as train_export and
 the replicates stage train them (tooling/diagnose/late_plants_worker.py, in each framework's environment through
@@ -23,7 +23,7 @@ power on one seed's trainings; `train` in a checkout of each seed (params.yaml's
 run), then one `judge` over every seed's files, prints a column per seed. Each row's draws are seeded by the row
 itself, so the same files give the same table on any machine, whatever else is judged beside them.
 
-    python -m tooling.diagnose.late_plants train [--models cnn text_transformer] [--replicates 12] --out DIR
+    python -m tooling.diagnose.late_plants train [--models cnn resnet text_transformer] [--replicates 12] --out DIR
     python -m tooling.diagnose.late_plants judge DIR/*.jsonl [--draws 200] [--families 3 6 12]
 """
 
@@ -52,11 +52,18 @@ from rosetta_common.spec import FRAMEWORKS, Spec, load_spec
 from tooling.diagnose.null_power import relabellings
 
 PLANTED = "jax"
-# Per model, the plants `train` makes: around the smallest that the default design catches 4 times in 5.
-PLANTS = {"cnn": [("lr", 0.1), ("lr", 0.15), ("lr", 0.2), ("wd", 5e-5), ("wd", 1e-4), ("wd", 2e-4)],
-          "text_transformer": [("lr", 0.01), ("lr", 0.03), ("wd", 1e-5), ("wd", 3e-5), ("wd", 1e-4)]}
+# Per model, the plants `train` makes: around the smallest that the default design catches 4 times in 5 (a BatchNorm
+# momentum only in the model that has BatchNorm); a model not named takes LABEL_SMOOTHING's sizes and the cnn's others.
+LABEL_SMOOTHING = [("ls", 0.001), ("ls", 0.003), ("ls", 0.01)]
+PLANTS = {"cnn": [("lr", 0.1), ("lr", 0.15), ("lr", 0.2), ("wd", 5e-5), ("wd", 1e-4), ("wd", 2e-4),
+                  *LABEL_SMOOTHING],
+          "resnet": [("lr", 0.01), ("lr", 0.02), ("lr", 0.05), ("wd", 2e-4), ("wd", 5e-4), ("wd", 1e-3),
+                     ("wd", 2e-3), *LABEL_SMOOTHING, ("bn", 0.8), ("bn", 0.5), ("bn", 0.1)],
+          "text_transformer": [("lr", 0.01), ("lr", 0.03), ("wd", 1e-5), ("wd", 3e-5), ("wd", 1e-4),
+                               *LABEL_SMOOTHING]}
 Key = tuple[int, str, str, str, float]  # seed, model, framework, plant, size
-PLANT_NAMES = {"none": "no plant", "lr": "learning rate x (1 + {size:g})", "wd": "weight decay {size:g}"}
+PLANT_NAMES = {"none": "no plant", "lr": "learning rate x (1 + {size:g})", "wd": "weight decay {size:g}",
+               "ls": "label smoothing {size:g}", "bn": "BatchNorm momentum {size:g} (0.9 before)"}
 
 
 @dataclass(frozen=True)
@@ -203,7 +210,7 @@ def train(seed: int, models: Sequence[str], replicates: int, out: Path) -> None:
     """Each framework's unplanted pool and JAX's planted ones, one worker process each, one after another."""
     out.mkdir(parents=True, exist_ok=True)
     jobs = [(fw, m, "none", 0.0) for m in models for fw in FRAMEWORKS]
-    jobs += [(PLANTED, m, p, s) for m in models for p, s in PLANTS.get(m, PLANTS["cnn"])]
+    jobs += [(PLANTED, m, p, s) for m in models for p, s in PLANTS.get(m, PLANTS["cnn"][:6] + LABEL_SMOOTHING)]
     for fw, model, plant, size in jobs:
         target = out / f"seed{seed}-{fw}-{model}-{plant}-{size:g}.jsonl"
         print(f"late_plants: {fw} {model} {plant} {size:g} -> {target}", flush=True)
@@ -218,7 +225,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m tooling.diagnose.late_plants", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     make = sub.add_parser("train", help="train each framework's pool and JAX's planted pools")
-    make.add_argument("--models", nargs="+", default=["cnn", "text_transformer"])
+    make.add_argument("--models", nargs="+", default=list(PLANTS))
     make.add_argument("--replicates", type=int, default=12)
     make.add_argument("--out", type=Path, required=True)
     judged = sub.add_parser("judge", help="run the design on the pools, many times over")

@@ -9,8 +9,8 @@ pipelines.stages.common.replicate_start), from this checkout's prepared data and
 training's end state as one JSON line: its step losses (for where it parts), test loss, test accuracy and test
 predictions. With a <plant> other than "none" each training carries a porting mistake that acts only from epoch
 E // 2 + 1 of its E on (cnn: epoch 6 of 10, optimizer step 221 of 440; text_transformer: epoch 2 of 3, step 321 of
-960), long after the lockstep window and the runs' parting. JAX only: the change wraps
-rosetta_jax.train.optax_transform, the optimizer its train builds.
+960), long after the lockstep window and the runs' parting. JAX only: the change reaches rosetta_jax.train's
+optimizer (optax_transform) or its compiled step (compiled_step), through the module's own names.
 
 - lr: every update multiplied by 1 + <size> (a learning-rate schedule off by that factor from then on). Every
   step before it is the unplanted training's, bit for bit.
@@ -18,6 +18,12 @@ rosetta_jax.train.optax_transform, the optimizer its train builds.
   the extra operation changes how XLA rounds Adam's update from the first steps (bit differences from step 3 to
   18 on digits, far inside the lockstep bound): the planted trainings part from the unplanted ones as another
   framework's do.
+- ls: the loss against labels smoothed by <size> (optax.smooth_labels: 1 - <size> on the true class plus <size>
+  spread over all classes), from then on.
+- bn: every BatchNorm's momentum <size> (the weight of the old running statistics; params.yaml's is 0.9) from
+  then on: 0.1 is the classic port that passes torch's momentum argument where Keras and Flax take its complement.
+ls and bn swap train's compiled step for a second one at that step (the first traced as train traces it), so
+every step before it is the unplanted training's, bit for bit.
 
 A failure is one line on stderr and exit status 2."""
 
@@ -37,11 +43,12 @@ from rosetta_common.errors import RosettaError
 from rosetta_common.metrics import accuracy, softmax_cross_entropy
 from rosetta_common.spec import load_spec
 
-PLANTS = ("none", "lr", "wd")
+PLANTS = ("none", "lr", "wd", "ls", "bn")
 
 
 def plant_jax(plant: str, size: float, start: int) -> None:
-    """Wrap rosetta_jax's optimizer with `plant` from optimizer step `start` (0-based) on."""
+    """`plant` in rosetta_jax's training from optimizer step `start` (0-based) on: lr and wd wrap its optimizer,
+    ls and bn swap its step (late_step)."""
     import jax
     import jax.numpy as jnp
     import optax
@@ -68,7 +75,64 @@ def plant_jax(plant: str, size: float, start: int) -> None:
                 lambda count: jnp.where(count >= start, factor, np.float32(1.0))))
         return optax.chain(late_decay(size), transform)
 
-    train.optax_transform = planted
+    if plant in ("lr", "wd"):
+        train.optax_transform = planted
+    else:
+        late_step(plant, size, start)
+
+
+def late_step(plant: str, size: float, start: int) -> None:
+    """From optimizer step `start` on, train's steps run a second jitted step: the loss with labels smoothed by
+    `size` (ls), or every BatchNorm at momentum `size` (bn). Before it, train's own compiled step."""
+    import jax
+    import optax
+    from flax import nnx
+
+    train = importlib.import_module("rosetta_jax.train")
+    models = importlib.import_module("rosetta_jax.models")
+    original_step, original_loss = train.compiled_step, train.loss_fn
+    smoothing = {"on": False}  # read when a step is traced: only the late step is traced with it on
+
+    def loss_fn(model: Any, images: Any, labels: Any, dropout_mask: Any) -> Any:
+        if not smoothing["on"]:
+            return original_loss(model, images, labels, dropout_mask)
+        logits = models.forward_logits(model, images, dropout_mask)
+        targets = optax.smooth_labels(jax.nn.one_hot(labels, logits.shape[-1]), size)
+        return optax.softmax_cross_entropy(logits, targets).mean()
+
+    def late_graphdef(model: Any) -> Any:
+        view = models.training_view(model)  # a new node: setting its BatchNorms' momentum leaves the model's
+        if plant == "bn":
+            norms = [m for _, m in nnx.iter_graph(view) if isinstance(m, nnx.BatchNorm)]
+            if not norms:
+                raise RosettaError(f"plant: 'bn': the {model.config.arch} model has no BatchNorm; allowed: a model "
+                                   "with one")
+            for norm in norms:
+                norm.momentum = size
+        return nnx.split(view, nnx.Param, nnx.BatchStat)[0]
+
+    late: dict[Any, Any] = {}
+
+    def compiled_step(model: Any, graphdef: Any, plan: Any, params: Any, statistics: Any) -> Any:
+        tx, step, leaves, treedef = original_step(model, graphdef, plan, params, statistics)
+        key = (model.config.model_dump_json(), treedef)
+        if key not in late:
+            late[key] = train.make_flat_train_step(late_graphdef(model), tx, treedef)
+        taken = [0]
+
+        def planted(*args: Any) -> Any:
+            taken[0] += 1
+            if taken[0] <= start:
+                return step(*args)
+            smoothing["on"] = plant == "ls"
+            try:
+                return late[key](*args)
+            finally:
+                smoothing["on"] = False
+
+        return tx, planted, leaves, treedef
+
+    train.loss_fn, train.compiled_step = loss_fn, compiled_step
 
 
 def main(argv: list[str]) -> int:
@@ -83,10 +147,23 @@ def main(argv: list[str]) -> int:
     if plant != "none":
         plant_jax(plant, float(size), start)
     backend = seeded_backend(framework, spec.seed)
-    model = None
     partial = Path(f"{out}.partial")  # renamed to `out` once every training is written: no half a pool
+    try:
+        write_pool(backend, job, spec, framework, plant, float(size), start, int(count), partial)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    partial.replace(out)
+    return 0
+
+
+def write_pool(backend: Any, job: Any, spec: Any, framework: str, plant: str, size: float, start: int, count: int,
+               partial: Path) -> None:
+    """The run and replicates 1 to `count`, one JSON line each, into `partial`."""
+    model = None
+    arch = job.config.arch
     with open(partial, "w") as f:
-        for i in range(int(count) + 1):
+        for i in range(count + 1):
             backend.configure(spec.seed)
             init, plan = (job.init, job.plan) if i == 0 else replicate_start(job, i, spec.replicates.ulps,
                                                                              framework)[:2]
@@ -94,15 +171,13 @@ def main(argv: list[str]) -> int:
             result = backend.train(model, plan, job.data)
             logits = backend.predict(model, job.data.test_inputs)
             f.write(json.dumps({
-                "framework": framework, "model": arch, "seed": spec.seed, "plant": plant, "size": float(size),
+                "framework": framework, "model": arch, "seed": spec.seed, "plant": plant, "size": size,
                 "start": start, "index": i, "step_losses": [float(x) for x in result.step_losses],
                 "test_loss": softmax_cross_entropy(logits, job.data.test_labels),
                 "test_accuracy": accuracy(logits, job.data.test_labels),
                 "test_predictions": np.argmax(logits, axis=1).astype(int).tolist()}) + "\n")
             f.flush()
-            print(f"late_plants_worker {framework} {arch} {plant} {size}: training {i} of {count}", flush=True)
-    partial.replace(out)
-    return 0
+            print(f"late_plants_worker {framework} {arch} {plant} {size:g}: training {i} of {count}", flush=True)
 
 
 if __name__ == "__main__":
