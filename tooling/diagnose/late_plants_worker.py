@@ -33,22 +33,22 @@ import importlib
 import json
 import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
 
 from pipelines import paths
-from pipelines.stages.common import load_jobs, rebuilt, replicate_start, seeded_backend
+from pipelines.stages.common import Job, load_jobs, rebuilt, replicate_start, seeded_backend
 from rosetta_common.errors import RosettaError
 from rosetta_common.metrics import accuracy, softmax_cross_entropy
-from rosetta_common.spec import load_spec
+from rosetta_common.spec import Spec, load_spec
 
 PLANTS = ("none", "lr", "wd", "ls", "bn")
 
 
-def plant_jax(plant: str, size: float, start: int) -> None:
-    """`plant` in rosetta_jax's training from optimizer step `start` (0-based) on: lr and wd wrap its optimizer,
-    ls and bn swap its step (late_step)."""
+def late_optimizer(plant: str, size: float, start: int) -> None:
+    """lr or wd from optimizer step `start` (0-based) on: rosetta_jax's optimizer wrapped."""
     import jax
     import jax.numpy as jnp
     import optax
@@ -75,10 +75,7 @@ def plant_jax(plant: str, size: float, start: int) -> None:
                 lambda count: jnp.where(count >= start, factor, np.float32(1.0))))
         return optax.chain(late_decay(size), transform)
 
-    if plant in ("lr", "wd"):
-        train.optax_transform = planted
-    else:
-        late_step(plant, size, start)
+    train.optax_transform = planted
 
 
 def late_step(plant: str, size: float, start: int) -> None:
@@ -144,8 +141,10 @@ def main(argv: list[str]) -> int:
     spec = load_spec(paths.PARAMS)
     job = load_jobs(spec, [arch])[0]
     start = job.plan.epochs // 2 * job.plan.steps_per_epoch  # optimizer steps before the plant acts
-    if plant != "none":
-        plant_jax(plant, float(size), start)
+    if plant in ("lr", "wd"):
+        late_optimizer(plant, float(size), start)
+    elif plant != "none":
+        late_step(plant, float(size), start)
     backend = seeded_backend(framework, spec.seed)
     partial = Path(f"{out}.partial")  # renamed to `out` once every training is written: no half a pool
     try:
@@ -157,8 +156,8 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def write_pool(backend: Any, job: Any, spec: Any, framework: str, plant: str, size: float, start: int, count: int,
-               partial: Path) -> None:
+def write_pool(backend: ModuleType, job: Job, spec: Spec, framework: str, plant: str, size: float, start: int,
+               count: int, partial: Path) -> None:
     """The run and replicates 1 to `count`, one JSON line each, into `partial`."""
     model = None
     arch = job.config.arch
